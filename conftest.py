@@ -1,0 +1,33 @@
+"""Root conftest: shared fixtures. The kvmatrix plugin itself loads through its pytest11 entry point."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from fixtures.workloads import Workload, load_workload
+from harness.engine_setup import build_engine_config
+from reference_impl.engine import Engine
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread() -> None:
+    """Tiny tensors: one intra-op thread is faster and keeps xdist workers off each other's cores."""
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def make_engine():
+    """Build an Engine from factor levels (defaults for the rest), sized for a workload."""
+
+    def make(
+        workload: Workload | str = "system_prompt",
+        faults: frozenset[str] = frozenset(),
+        overrides: dict[str, object] | None = None,
+        **levels: object,
+    ) -> Engine:
+        wl = load_workload(workload) if isinstance(workload, str) else workload
+        return Engine(replace(build_engine_config(levels, wl, faults), **(overrides or {})))
+
+    return make

@@ -1,0 +1,73 @@
+"""Configuration dataclasses: the tiny model's shape and the engine's knobs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from reference_impl.mamba2 import Mamba2Config
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Shape of the tiny seeded language model; ``layer_types`` picks attention or Mamba2 per layer."""
+
+    name: str
+    layer_types: tuple[str, ...]
+    vocab_size: int = 256
+    hidden: int = 64
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    ffn: int = 128
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    seed: int = 1234
+    mamba: Mamba2Config = field(default_factory=lambda: Mamba2Config(hidden=64))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Model layer indices that hold attention, in order; their position is the KV-pool layer."""
+        return tuple(i for i, kind in enumerate(self.layer_types) if kind == "attention")
+
+    @property
+    def mamba_layers(self) -> tuple[int, ...]:
+        """Model layer indices that hold a Mamba2 mixer; their position is the state-pool layer."""
+        return tuple(i for i, kind in enumerate(self.layer_types) if kind == "mamba")
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(self.mamba_layers)
+
+
+DENSE = ModelConfig(name="dense", layer_types=("attention",) * 4)
+HYBRID = ModelConfig(name="hybrid", layer_types=("attention", "mamba", "attention", "mamba"))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Everything an Engine needs; factor levels arrive here already resolved by the registry."""
+
+    model: ModelConfig
+    scheduler: type
+    cache: type
+    pool: type
+    backend: type
+    page_size: int = 1
+    num_pages: int = 512
+    num_state_slots: int = 64
+    state_interval: int = 32
+    max_running: int = 16
+    prefill_budget: int = 128
+    topk: int = 5
+    faults: frozenset[str] = frozenset()
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_pages * self.page_size

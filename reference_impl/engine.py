@@ -1,0 +1,289 @@
+"""The engine: continuous batching, chunked prefill, prefix cache, eviction and preemption."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from reference_impl.config import EngineConfig
+from reference_impl.model_runner import Chunk, ModelRunner, load_model
+from reference_impl.request import Phase, Request, RequestOutput, RequestSpec
+from reference_impl.scheduler import Admission
+
+
+class EngineStallError(RuntimeError):
+    """Work is left but no step can make progress (a scheduler or accounting bug)."""
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters a cell reports next to its verdicts."""
+
+    steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    preemptions: int = 0
+    forward_seconds: float = 0.0
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Engine:
+    """Serves batches of RequestSpecs to completion; the prefix cache survives between calls."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        cfg = config.model
+        self.page_size = config.page_size
+        self.pools = config.pool(
+            cfg,
+            page_size=config.page_size,
+            num_pages=config.num_pages,
+            num_state_slots=config.num_state_slots,
+            device=config.device,
+            dtype=config.dtype,
+        )
+        free_state = (lambda slot: self.pools.state_slots.free([slot])) if cfg.is_hybrid else None
+        self.cache = config.cache(config.page_size, self.pools.pages.free, free_state)
+        self.queue = config.scheduler(config.faults)
+        self.runner = ModelRunner(
+            load_model(cfg, config.device, config.dtype),
+            self.pools,
+            config.backend(config.page_size),
+            config.page_size,
+            config.topk,
+        )
+        self.stats = EngineStats()
+        self.running: list[Request] = []
+        self._arrivals = 0
+
+    # -- public ---------------------------------------------------------------------------
+    def generate(self, specs: Sequence[RequestSpec]) -> list[RequestOutput]:
+        """Run ``specs`` to completion; outputs come back in finishing order, rejections first."""
+        outputs: list[RequestOutput] = []
+        seen: set[str] = set()
+        for spec in specs:
+            reason = self._rejection(spec, seen)
+            seen.add(spec.rid)
+            if reason:
+                outputs.append(RequestOutput(spec.rid, [], [], [], [], [], 0, "rejected", reason))
+                continue
+            out = RequestOutput(spec.rid, [], [], [], [], [], 0, "length")
+            self.queue.push(Request(spec, self._arrivals, out))
+            self._arrivals += 1
+        while self.running or len(self.queue):
+            if not self._step(outputs):
+                raise EngineStallError(
+                    f"no progress: {len(self.queue)} waiting, {len(self.running)} running, "
+                    f"{self.pools.pages.num_free} free pages, {self.cache.evictable_pages()} evictable"
+                )
+        return outputs
+
+    def audit(self) -> list[str]:
+        """Integrity problems of the idle engine: leaks, double ownership, stale reads."""
+        problems = list(self.runner.stale_reads)
+        checks = [self.pools.check_integrity, self.cache.check_integrity]
+        for check in checks:
+            try:
+                check()
+            except AssertionError as exc:
+                problems.append(str(exc))
+        if self.running or len(self.queue):
+            problems.append(f"engine not idle: {len(self.running)} running, {len(self.queue)} waiting")
+        pages_accounted = self.pools.pages.num_free + self.cache.cached_pages()
+        if pages_accounted != self.config.num_pages:
+            problems.append(f"pages leaked: free {self.pools.pages.num_free} + cached {self.cache.cached_pages()} != {self.config.num_pages}")
+        slots_accounted = self.pools.state_slots.num_free + self.cache.cached_states()
+        if self.config.model.is_hybrid and slots_accounted != self.config.num_state_slots:
+            problems.append(
+                f"state slots leaked: free {self.pools.state_slots.num_free} + cached {self.cache.cached_states()} "
+                f"!= {self.config.num_state_slots}"
+            )
+        return problems
+
+    @property
+    def nan_events(self) -> list:
+        return self.runner.nan_events
+
+    # -- validation ---------------------------------------------------------------------
+    def _rejection(self, spec: RequestSpec, seen: set[str]) -> str:
+        """Why a request cannot be served at all, naming it; empty when it can."""
+        vocab = self.config.model.vocab_size
+        if spec.rid in seen:
+            return f"request {spec.rid!r}: duplicate request id in one batch"
+        if spec.max_new_tokens < 1:
+            return f"request {spec.rid!r}: max_new_tokens must be >= 1, got {spec.max_new_tokens}"
+        if not spec.prompt:
+            return f"request {spec.rid!r}: empty prompt"
+        bad = [t for t in spec.prompt if not 0 <= t < vocab]
+        if bad:
+            return f"request {spec.rid!r}: token id {bad[0]} outside the vocabulary [0, {vocab})"
+        need = _ceil_div(len(spec.prompt) + spec.max_new_tokens, self.page_size)
+        if need > self.config.num_pages:
+            return f"request {spec.rid!r}: needs {need} pages, the pool has {self.config.num_pages} even when empty"
+        return ""
+
+    # -- one step -----------------------------------------------------------------------
+    def _step(self, outputs: list[RequestOutput]) -> bool:
+        """Run one prefill or decode step; False when nothing could run."""
+        chunks = self._schedule_prefill()
+        is_decode = not chunks
+        if is_decode:
+            chunks = self._schedule_decode()
+        if not chunks:
+            return False
+        started = time.perf_counter()
+        self.runner.run(chunks, is_decode)
+        self.stats.forward_seconds += time.perf_counter() - started
+        self.stats.steps += 1
+        tokens = sum(c.length for c in chunks)
+        if is_decode:
+            self.stats.decode_tokens += tokens
+        else:
+            self.stats.prefill_tokens += tokens
+        for chunk in chunks:
+            if chunk.req.done:
+                self._finish(chunk.req)
+                outputs.append(chunk.req.output)
+        return True
+
+    def _schedule_prefill(self) -> list[Chunk]:
+        """Continue partial prefills, then admit waiting requests, under the token budget."""
+        budget = self.config.prefill_budget
+        chunks: list[Chunk] = []
+        for req in self.running:
+            if req.in_prefill and budget > 0:
+                chunks.append(self._chunk(req, budget))
+                budget -= chunks[-1].length
+
+        def try_admit(req: Request) -> Admission:
+            nonlocal budget
+            if budget <= 0 or len(self.running) >= self.config.max_running:
+                return Admission.FULL
+            if not self._admit(req):
+                return Admission.BLOCKED
+            chunks.append(self._chunk(req, budget))
+            budget -= chunks[-1].length
+            return Admission.ADMITTED
+
+        if len(self.queue):
+            self.queue.admit(try_admit)
+        return chunks
+
+    def _schedule_decode(self) -> list[Chunk]:
+        """One token for every running request, taking pages (evicting, then preempting) as needed."""
+        while True:
+            decoding = [r for r in self.running if not r.in_prefill]
+            need = [r for r in decoding if r.num_computed % self.page_size == 0]
+            if self._reserve_pages(len(need)) or not decoding:
+                break
+            self._preempt(self.queue.victim(self.running))
+        for req in need:
+            req.pages.extend(self.pools.pages.alloc(1))
+        return [Chunk(req, req.num_computed, 1) for req in decoding]
+
+    # -- memory -------------------------------------------------------------------------
+    def _reserve_pages(self, n: int) -> bool:
+        """Make ``n`` pages free, evicting unlocked cache leaves only when that suffices."""
+        short = n - self.pools.pages.num_free
+        if short > 0 and short <= self.cache.evictable_pages():
+            self.cache.evict(short)
+        return self.pools.pages.num_free >= n
+
+    def _new_state_slot(self) -> int | None:
+        """A fresh state slot, evicting cached snapshots one leaf at a time if none is free."""
+        while self.pools.state_slots.num_free == 0 and self.cache.evict(1):
+            pass
+        slots = self.pools.state_slots.alloc(1)
+        return slots[0] if slots else None
+
+    def _admit(self, req: Request) -> bool:
+        """Match the prefix cache and take pages (and a state slot); False leaves nothing held."""
+        tokens = req.all_tokens()
+        match = self.cache.match_prefix(tokens[:-1])
+        self.cache.lock(match.node)
+        new_pages = _ceil_div(len(tokens), self.page_size) - len(match.pages)
+        reserve = len(self.running) + 1 if self.running else 0
+        if not self._reserve_pages(new_pages + reserve):
+            self.cache.unlock(match.node)
+            return False
+        req.cache_node, req.cache_pages = match.node, list(match.pages)
+        req.pages = [*match.pages, *self.pools.pages.alloc(new_pages)]
+        req.num_computed = match.matched_tokens
+        if self.config.model.is_hybrid:
+            req.state_slot = self._new_state_slot()
+            if req.state_slot is None:
+                self._release(req)
+                return False
+            if match.state_slot is not None:
+                self.pools.copy_state(match.state_slot, req.state_slot)
+            else:
+                self.pools.zero_state(req.state_slot)
+        if not req.admitted_once:
+            req.output.cached_tokens = match.matched_tokens
+            req.admitted_once = True
+        req.phase = Phase.RUNNING
+        self.running.append(req)
+        return True
+
+    def _chunk(self, req: Request, budget: int) -> Chunk:
+        """The next prefill chunk of ``req`` (at most ``budget`` tokens), with its Mamba checkpoints."""
+        start = req.num_computed
+        chunk = Chunk(req, start, min(req.seq_len - start, budget))
+        if self.config.model.is_hybrid:
+            for pos in self._checkpoint_positions(req, start, start + chunk.length):
+                slot = self._new_state_slot()
+                if slot is not None:
+                    chunk.checkpoints[pos] = req.checkpoint_slots[pos] = slot
+        return chunk
+
+    def _checkpoint_positions(self, req: Request, start: int, end: int) -> list[int]:
+        """Page-aligned prompt positions in (start, end] where a Mamba snapshot is kept for the cache.
+
+        Every ``state_interval`` tokens, at the prompt's last page boundary (what a longer prompt
+        resumes from) and at the last boundary before its final token (what the same prompt
+        resumes from, since a hit always leaves one token to compute).
+        """
+        prompt_len = len(req.spec.prompt)
+        ends = {prompt_len // self.page_size * self.page_size, (prompt_len - 1) // self.page_size * self.page_size}
+        interval = self.config.state_interval
+        return [
+            pos
+            for pos in range(start + 1, min(end, max(ends)) + 1)
+            if pos % self.page_size == 0 and (pos % interval == 0 or pos in ends)
+        ]
+
+    def _finish(self, req: Request) -> None:
+        """Hand the prompt's whole pages (and snapshots) to the cache, free everything else."""
+        aligned = len(req.spec.prompt) // self.page_size * self.page_size
+        n_pages = aligned // self.page_size
+        snapshots = {pos: slot for pos, slot in req.checkpoint_slots.items() if pos <= aligned}
+        result = self.cache.insert(req.spec.prompt[:aligned], req.pages[:n_pages], snapshots if self.config.model.is_hybrid else None)
+        adopted = set(req.pages[:n_pages]) - set(result.unused_pages)
+        req.pages = [p for p in req.pages if p not in adopted]
+        req.checkpoint_slots = {pos: s for pos, s in req.checkpoint_slots.items() if s in result.unused_slots}
+        self._release(req)
+        req.phase = Phase.FINISHED
+
+    def _release(self, req: Request) -> None:
+        """Unlock the cache path and free every page and slot the request still owns."""
+        cached = set(req.cache_pages)
+        self.pools.pages.free([p for p in req.pages if p not in cached])
+        slots = [*req.checkpoint_slots.values(), *([req.state_slot] if req.state_slot is not None else [])]
+        self.pools.state_slots.free(slots)
+        self.cache.unlock(req.cache_node)
+        req.pages, req.cache_pages, req.cache_node = [], [], None
+        req.state_slot, req.checkpoint_slots = None, {}
+        if req in self.running:
+            self.running.remove(req)
+
+    def _preempt(self, req: Request) -> None:
+        """Recompute-style preemption: drop the request's memory and queue it again."""
+        self._release(req)
+        req.num_computed = 0
+        req.preemptions += 1
+        req.phase = Phase.WAITING
+        self.stats.preemptions += 1
+        self.queue.push(req)

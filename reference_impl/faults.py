@@ -1,0 +1,53 @@
+"""Named faults: each a faithful model of one real incident, off by default, zero cost when off.
+
+A fault is switched on per engine (``EngineConfig.faults``); the code path it breaks checks
+``name in config.faults`` on that path only. Each entry states the incident it models,
+the factor levels that trigger it and the oracle expected to see it, so the harness can
+check that injecting it fails exactly the trigger cells, through that oracle.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One injectable bug: what it models and where it must be seen."""
+
+    name: str
+    incident: str
+    triggers: Mapping[str, tuple[object, ...]]  # a cell is a trigger cell when every factor listed has one of these levels
+    oracle: str  # the oracle that must fail on trigger cells ("error" when the cell must crash)
+    doc: str
+
+    def triggered_by(self, factors: Mapping[str, object]) -> bool:
+        """Whether a cell with these factor levels exercises the broken path."""
+        return all(factors.get(name) in levels for name, levels in self.triggers.items())
+
+
+PRIORITY_SCHEDULER_DROP = Fault(
+    name="priority_scheduler_drop",
+    incident="vLLM #49206: the PRIORITY scheduler silently skips requests",
+    triggers={"scheduler": ("priority",)},
+    oracle="completeness",
+    doc=(
+        "When the priority queue passes over a request that does not fit the pool this step "
+        "(letting a smaller one behind it run), the passed-over request is never put back: it "
+        "never runs, never errors, and the run ends one request short."
+    ),
+)
+
+FAULTS: dict[str, Fault] = {fault.name: fault for fault in (PRIORITY_SCHEDULER_DROP,)}
+
+
+class UnknownFaultError(ValueError):
+    """A fault name that is not in the registry."""
+
+
+def check_faults(names: tuple[str, ...] | list[str]) -> frozenset[str]:
+    """Validate fault names; the error lists the known ones."""
+    unknown = [name for name in names if name not in FAULTS]
+    if unknown:
+        raise UnknownFaultError(f"unknown fault {unknown[0]!r} (known: {', '.join(sorted(FAULTS))})")
+    return frozenset(names)

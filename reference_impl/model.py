@@ -1,0 +1,175 @@
+"""The tiny seeded language model: RoPE, RMSNorm, SwiGLU, GQA attention and Mamba2 layers.
+
+Weights come from a seeded generator (nothing is downloaded). The LM head is built so that
+the current token votes for a fixed successor (a random permutation with long cycles) and
+the context moves the vote: greedy continuations are varied and prompt-dependent rather
+than the single repeated token a purely random network tends to emit.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from reference_impl.config import ModelConfig
+from reference_impl.forward_batch import ForwardBatch
+from reference_impl.mamba2 import Mamba2Mixer
+
+NanSentinel = Callable[[str, torch.Tensor], None]
+
+
+def _init(shape: tuple[int, ...], gen: torch.Generator, gain: float = 1.0) -> nn.Parameter:
+    fan_in = shape[-1]
+    return nn.Parameter(torch.randn(shape, generator=gen) * gain / math.sqrt(fan_in), requires_grad=False)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) of x: (T, heads, head_dim) at absolute positions."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32)[:, None] * freqs[None, :]
+    cos, sin = angles.cos()[:, None, :].to(x.dtype), angles.sin()[:, None, :].to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+@dataclass(slots=True)
+class LayerContext:
+    """What a layer needs besides its input: the batch, the pools, the backend, the NaN sentinel."""
+
+    batch: ForwardBatch
+    pools: object
+    backend: object
+    sentinel: NanSentinel
+
+
+class Attention(nn.Module):
+    """GQA attention whose K/V live in the paged pool; ``attn_layer`` is its KV-pool layer."""
+
+    def __init__(self, cfg: ModelConfig, attn_layer: int, gen: torch.Generator) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.attn_layer = attn_layer
+        self.wq = _init((cfg.num_heads * cfg.head_dim, cfg.hidden), gen)
+        self.wk = _init((cfg.num_kv_heads * cfg.head_dim, cfg.hidden), gen)
+        self.wv = _init((cfg.num_kv_heads * cfg.head_dim, cfg.hidden), gen)
+        self.wo = _init((cfg.hidden, cfg.num_heads * cfg.head_dim), gen)
+
+    def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
+        cfg, batch = self.cfg, ctx.batch
+        q = (x @ self.wq.T).view(-1, cfg.num_heads, cfg.head_dim)
+        k = (x @ self.wk.T).view(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = (x @ self.wv.T).view(-1, cfg.num_kv_heads, cfg.head_dim)
+        q = apply_rope(q, batch.positions, cfg.rope_theta)
+        k = apply_rope(k, batch.positions, cfg.rope_theta)
+        ctx.pools.write_kv(self.attn_layer, batch.out_cache_loc, k, v)
+        k_view, v_view = ctx.pools.kv_views(self.attn_layer)
+        out = ctx.backend.forward(q, k, v, k_view, v_view, batch)
+        ctx.sentinel(f"attention[{self.attn_layer}]", out)
+        return out.reshape(-1, cfg.num_heads * cfg.head_dim) @ self.wo.T
+
+
+class MambaLayer(nn.Module):
+    """A Mamba2 mixer whose per-request states live in the state pool; ``mamba_layer`` is its pool layer."""
+
+    def __init__(self, cfg: ModelConfig, mamba_layer: int, gen: torch.Generator) -> None:
+        super().__init__()
+        self.mamba_layer = mamba_layer
+        self.mixer = Mamba2Mixer(cfg.mamba, gen)
+
+    def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
+        batch = ctx.batch
+        conv, ssm = ctx.pools.state_views(self.mamba_layer)
+        slots = batch.state_slots
+        if batch.is_decode:
+            out, conv_new, ssm_new = self.mixer.forward_decode(x, conv[slots], ssm[slots])
+            conv[slots], ssm[slots] = conv_new, ssm_new
+            ctx.sentinel(f"mamba_state[{self.mamba_layer}]", ssm_new)
+            return out
+        out = torch.empty_like(x)
+        for r, slot in enumerate(slots):
+            q0, q1 = batch.qo_indptr[r], batch.qo_indptr[r + 1]
+            checkpoints = batch.checkpoints[r]
+            res = self.mixer.forward_extend(
+                x[q0:q1], conv[slot], ssm[slot], start_pos=batch.prefix_lens[r], checkpoints=sorted(checkpoints)
+            )
+            out[q0:q1] = res.out
+            conv[slot], ssm[slot] = res.conv_state, res.ssm_state
+            for pos, (snap_conv, snap_ssm) in res.snapshots.items():
+                conv[checkpoints[pos]], ssm[checkpoints[pos]] = snap_conv, snap_ssm
+            ctx.sentinel(f"mamba_state[{self.mamba_layer}]", res.ssm_state)
+        return out
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward."""
+
+    def __init__(self, cfg: ModelConfig, gen: torch.Generator) -> None:
+        super().__init__()
+        self.w_gate = _init((cfg.ffn, cfg.hidden), gen)
+        self.w_up = _init((cfg.ffn, cfg.hidden), gen)
+        self.w_down = _init((cfg.hidden, cfg.ffn), gen)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (nn.functional.silu(x @ self.w_gate.T) * (x @ self.w_up.T)) @ self.w_down.T
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: mixer (attention or Mamba2), then SwiGLU."""
+
+    def __init__(self, cfg: ModelConfig, mixer: nn.Module) -> None:
+        super().__init__()
+        self.eps = cfg.rms_eps
+        self.norm1 = nn.Parameter(torch.ones(cfg.hidden), requires_grad=False)
+        self.norm2 = nn.Parameter(torch.ones(cfg.hidden), requires_grad=False)
+        self.mixer = mixer
+
+    def forward(self, x: torch.Tensor, ctx: LayerContext, mlp: MLP) -> torch.Tensor:
+        x = x + self.mixer(rms_norm(x, self.norm1, self.eps), ctx)
+        return x + mlp(rms_norm(x, self.norm2, self.eps))
+
+
+class TinyLM(nn.Module):
+    """The reference model. ``forward`` returns the hidden states of every packed token."""
+
+    def __init__(self, cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.cfg = cfg
+        gen = torch.Generator().manual_seed(cfg.seed)
+        self.embed = nn.Parameter(torch.randn(cfg.vocab_size, cfg.hidden, generator=gen), requires_grad=False)
+        attn_index = {layer: i for i, layer in enumerate(cfg.attention_layers)}
+        mamba_index = {layer: i for i, layer in enumerate(cfg.mamba_layers)}
+        blocks, mlps = [], []
+        for layer, kind in enumerate(cfg.layer_types):
+            mixer = Attention(cfg, attn_index[layer], gen) if kind == "attention" else MambaLayer(cfg, mamba_index[layer], gen)
+            blocks.append(Block(cfg, mixer))
+            mlps.append(MLP(cfg, gen))
+        self.blocks = nn.ModuleList(blocks)
+        self.mlps = nn.ModuleList(mlps)
+        self.final_norm = nn.Parameter(torch.ones(cfg.hidden), requires_grad=False)
+        successor = torch.randperm(cfg.vocab_size, generator=gen)
+        head = torch.empty_like(self.embed)
+        head[successor] = self.embed.detach().clone()
+        noise = torch.randn(cfg.vocab_size, cfg.hidden, generator=gen)
+        self.lm_head = nn.Parameter((head + 0.5 * noise) / math.sqrt(cfg.hidden), requires_grad=False)
+        self.to(device=device, dtype=dtype)
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, pools: object, backend: object, sentinel: NanSentinel) -> torch.Tensor:
+        """Hidden states (T, hidden) after the final norm, for every packed token of ``batch``."""
+        ctx = LayerContext(batch, pools, backend, sentinel)
+        x = self.embed[batch.input_ids]
+        for block, mlp in zip(self.blocks, self.mlps):
+            x = block(x, ctx, mlp)
+        return rms_norm(x, self.final_norm, self.cfg.rms_eps)
+
+    @torch.no_grad()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.lm_head.T

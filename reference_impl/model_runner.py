@@ -1,0 +1,131 @@
+"""Model runner: turns scheduled chunks into a ForwardBatch (virtual → physical), runs it, samples greedily."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+
+from reference_impl.config import ModelConfig
+from reference_impl.forward_batch import ForwardBatch
+from reference_impl.model import TinyLM
+from reference_impl.request import Request
+
+
+@lru_cache(maxsize=8)
+def load_model(cfg: ModelConfig, device: str, dtype: torch.dtype) -> TinyLM:
+    """The seeded model for ``cfg``; weights are read-only, so engines share one instance."""
+    return TinyLM(cfg, device=device, dtype=dtype)
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Tokens ``start .. start+length-1`` of a request's sequence, computed in this step."""
+
+    req: Request
+    start: int
+    length: int
+    checkpoints: dict[int, int] = field(default_factory=dict)  # position -> virtual state slot
+
+    @property
+    def samples(self) -> bool:
+        """The chunk reaches the end of the known sequence, so its last logits pick the next token."""
+        return self.start + self.length == self.req.seq_len
+
+
+@dataclass(slots=True)
+class NanEvent:
+    """A non-finite value seen by the sentinel: where, at which engine step, for which requests."""
+
+    where: str
+    step: int
+    rids: list[str]
+
+
+class ModelRunner:
+    """Owns the model call; the only place where virtual ids are translated for the kernels."""
+
+    def __init__(self, model: TinyLM, pools: object, backend: object, page_size: int, topk: int) -> None:
+        self.model = model
+        self.pools = pools
+        self.backend = backend
+        self.page_size = page_size
+        self.topk = topk
+        self.step = 0
+        self.nan_events: list[NanEvent] = []
+        self.stale_reads: list[str] = []
+        self._rids: list[str] = []
+
+    def _sentinel(self, where: str, tensor: torch.Tensor) -> None:
+        if not bool(torch.isfinite(tensor).all()) and len(self.nan_events) < 64:
+            self.nan_events.append(NanEvent(where, self.step, list(self._rids)))
+
+    def _slots(self, req: Request, start: int, end: int) -> torch.Tensor:
+        """Virtual token slots of positions start..end-1 of ``req``, from its page table."""
+        positions = torch.arange(start, end)
+        pages = torch.tensor(req.pages, dtype=torch.long)[positions // self.page_size]
+        return pages * self.page_size + positions % self.page_size
+
+    def _audit_pages(self, req: Request) -> None:
+        """Record any page in the request's table that the allocator says is free (a stale read)."""
+        for page in req.pages:
+            if not self.pools.pages.is_live(page):
+                self.stale_reads.append(f"step {self.step}: request {req.rid} reads freed page {page}")
+
+    def build_batch(self, chunks: list[Chunk], is_decode: bool) -> ForwardBatch:
+        """Pack the chunks; every id handed to the model is translated here, once."""
+        ids, positions, out_loc, kv, qo_indptr, kv_indptr = [], [], [], [], [0], [0]
+        for chunk in chunks:
+            req, end = chunk.req, chunk.start + chunk.length
+            self._audit_pages(req)
+            ids.extend(req.all_tokens()[chunk.start : end])
+            positions.append(torch.arange(chunk.start, end))
+            out_loc.append(self._slots(req, chunk.start, end))
+            kv.append(self._slots(req, 0, end))
+            qo_indptr.append(qo_indptr[-1] + chunk.length)
+            kv_indptr.append(kv_indptr[-1] + end)
+        to_state = self.pools.to_physical_state
+        return ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            positions=torch.cat(positions),
+            out_cache_loc=self.pools.to_physical(torch.cat(out_loc)),
+            qo_indptr=qo_indptr,
+            kv_indptr=kv_indptr,
+            kv_indices=self.pools.to_physical(torch.cat(kv)),
+            prefix_lens=[chunk.start for chunk in chunks],
+            state_slots=to_state([c.req.state_slot for c in chunks]) if chunks[0].req.state_slot is not None else [],
+            checkpoints=[dict(zip(c.checkpoints, to_state(list(c.checkpoints.values())))) for c in chunks],
+            is_decode=is_decode,
+        )
+
+    def run(self, chunks: list[Chunk], is_decode: bool) -> None:
+        """One forward step; appends the greedy token (with logprobs and margin) to sampling requests."""
+        self._rids = [c.req.rid for c in chunks]
+        batch = self.build_batch(chunks, is_decode)
+        device = next(iter(self.model.parameters())).device
+        batch.input_ids, batch.positions = batch.input_ids.to(device), batch.positions.to(device)
+        batch.out_cache_loc, batch.kv_indices = batch.out_cache_loc.to(device), batch.kv_indices.to(device)
+        hidden = self.model(batch, self.pools, self.backend, self._sentinel)
+        sampling = [i for i, c in enumerate(chunks) if c.samples]
+        if sampling:
+            last = torch.tensor([batch.qo_indptr[i + 1] - 1 for i in sampling], device=device)
+            logits = self.model.logits(hidden[last]).float()
+            self._sentinel("logits", logits)
+            self._sample([chunks[i].req for i in sampling], logits)
+        for chunk in chunks:
+            chunk.req.num_computed = chunk.start + chunk.length
+        self.step += 1
+
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
+        logprobs = torch.log_softmax(logits, dim=-1)
+        top_lp, top_ids = logprobs.topk(max(self.topk, 2), dim=-1)
+        top2 = logits.topk(2, dim=-1).values
+        margins = (top2[:, 0] - top2[:, 1]).tolist()
+        tokens = logits.argmax(dim=-1).tolist()
+        for i, req in enumerate(reqs):
+            out = req.output
+            out.tokens.append(tokens[i])
+            out.logprobs.append(float(logprobs[i, tokens[i]]))
+            out.top_ids.append(top_ids[i, : self.topk].tolist())
+            out.top_logprobs.append(top_lp[i, : self.topk].tolist())
+            out.margins.append(margins[i])

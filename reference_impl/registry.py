@@ -1,0 +1,87 @@
+"""Factor levels → implementations: the one place that maps a matrix level to code.
+
+A level is either a registered name (``"fcfs"``) or an import path
+(``"mypkg.sched:MyQueue"``), so an engine team can plug its own component into a
+matrix file without editing this package.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+class UnknownLevelError(ValueError):
+    """A factor level that is neither registered nor an importable ``module:attr`` path."""
+
+
+#: factor → level → "module:attribute" of the implementation.
+COMPONENTS: dict[str, dict[str, str]] = {
+    "model": {
+        "dense": "reference_impl.config:DENSE",
+        "hybrid": "reference_impl.config:HYBRID",
+    },
+    "scheduler": {
+        "fcfs": "reference_impl.scheduler:FcfsQueue",
+        "priority": "reference_impl.scheduler:PriorityQueue",
+    },
+    "cache": {
+        "off": "reference_impl.radix_cache:NoCache",
+        "device": "reference_impl.radix_cache:RadixCache",
+    },
+    "pool": {
+        "static": "reference_impl.kv_pool:StaticPools",
+    },
+    "backend": {
+        "torch": "reference_impl.torch_backend:TorchBackend",
+    },
+}
+
+#: factors whose levels are plain values, with the type each level must have.
+VALUE_FACTORS: dict[str, type] = {
+    "page_size": int,
+}
+
+
+def known_factors() -> list[str]:
+    """Every factor a matrix file may name, in a stable order."""
+    return sorted([*COMPONENTS, *VALUE_FACTORS])
+
+
+def import_path(path: str) -> Any:
+    """Import ``"pkg.module:attr"`` and return the attribute."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise UnknownLevelError(f"{path!r} is not of the form 'pkg.module:attr'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownLevelError(f"cannot import module {module_name!r} for {path!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise UnknownLevelError(f"module {module_name!r} has no attribute {attr!r}") from exc
+
+
+def check_level(factor: str, level: object) -> None:
+    """Raise ``UnknownLevelError`` (or ``KeyError`` for the factor) unless ``level`` is valid."""
+    if factor in VALUE_FACTORS:
+        kind = VALUE_FACTORS[factor]
+        if not isinstance(level, kind) or isinstance(level, bool) or (kind is int and level <= 0):
+            raise UnknownLevelError(f"level {level!r} of {factor!r} must be a positive {kind.__name__}")
+        return
+    if factor not in COMPONENTS:
+        raise KeyError(factor)
+    if not isinstance(level, str):
+        raise UnknownLevelError(f"level {level!r} of {factor!r} must be a string")
+    if level not in COMPONENTS[factor] and ":" not in level:
+        known = ", ".join(sorted(COMPONENTS[factor]))
+        raise UnknownLevelError(f"unknown level {level!r} of {factor!r} (known: {known}, or 'pkg.module:Class')")
+
+
+def resolve(factor: str, level: object) -> Any:
+    """The implementation behind ``factor=level`` (a value factor's level is returned as is)."""
+    check_level(factor, level)
+    if factor in VALUE_FACTORS:
+        return level
+    assert isinstance(level, str)
+    return import_path(COMPONENTS[factor].get(level, level))
