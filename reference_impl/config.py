@@ -64,6 +64,8 @@ class EngineConfig:
     max_running: int = 16
     prefill_budget: int = 128
     topk: int = 5
+    deterministic: bool = True
+    poison: bool = False
     faults: frozenset[str] = frozenset()
     device: str = "cpu"
     dtype: torch.dtype = torch.float32

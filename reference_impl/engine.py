@@ -45,13 +45,13 @@ class Engine:
             device=config.device,
             dtype=config.dtype,
         )
-        free_state = (lambda slot: self.pools.state_slots.free([slot])) if cfg.is_hybrid else None
-        self.cache = config.cache(config.page_size, self.pools.pages.free, free_state)
+        free_state = (lambda slot: self.pools.free_state_slots([slot])) if cfg.is_hybrid else None
+        self.cache = config.cache(config.page_size, self.pools.free_pages, free_state)
         self.queue = config.scheduler(config.faults)
         self.runner = ModelRunner(
             load_model(cfg, config.device, config.dtype),
             self.pools,
-            config.backend(config.page_size),
+            config.backend(config.page_size, deterministic=config.deterministic, faults=config.faults),
             config.page_size,
             config.topk,
         )
@@ -77,7 +77,7 @@ class Engine:
             if not self._step(outputs):
                 raise EngineStallError(
                     f"no progress: {len(self.queue)} waiting, {len(self.running)} running, "
-                    f"{self.pools.pages.num_free} free pages, {self.cache.evictable_pages()} evictable"
+                    f"{self.pools.num_free_pages} free pages, {self.cache.evictable_pages()} evictable"
                 )
         return outputs
 
@@ -92,13 +92,13 @@ class Engine:
                 problems.append(str(exc))
         if self.running or len(self.queue):
             problems.append(f"engine not idle: {len(self.running)} running, {len(self.queue)} waiting")
-        pages_accounted = self.pools.pages.num_free + self.cache.cached_pages()
+        pages_accounted = self.pools.num_free_pages + self.cache.cached_pages()
         if pages_accounted != self.config.num_pages:
-            problems.append(f"pages leaked: free {self.pools.pages.num_free} + cached {self.cache.cached_pages()} != {self.config.num_pages}")
-        slots_accounted = self.pools.state_slots.num_free + self.cache.cached_states()
+            problems.append(f"pages leaked: free {self.pools.num_free_pages} + cached {self.cache.cached_pages()} != {self.config.num_pages}")
+        slots_accounted = self.pools.num_free_state_slots + self.cache.cached_states()
         if self.config.model.is_hybrid and slots_accounted != self.config.num_state_slots:
             problems.append(
-                f"state slots leaked: free {self.pools.state_slots.num_free} + cached {self.cache.cached_states()} "
+                f"state slots leaked: free {self.pools.num_free_state_slots} + cached {self.cache.cached_states()} "
                 f"!= {self.config.num_state_slots}"
             )
         return problems
@@ -181,23 +181,22 @@ class Engine:
                 break
             self._preempt(self.queue.victim(self.running))
         for req in need:
-            req.pages.extend(self.pools.pages.alloc(1))
+            req.pages.extend(self.pools.alloc_pages(1))
         return [Chunk(req, req.num_computed, 1) for req in decoding]
 
     # -- memory -------------------------------------------------------------------------
     def _reserve_pages(self, n: int) -> bool:
         """Make ``n`` pages free, evicting unlocked cache leaves only when that suffices."""
-        short = n - self.pools.pages.num_free
+        short = n - self.pools.num_free_pages
         if short > 0 and short <= self.cache.evictable_pages():
             self.cache.evict(short)
-        return self.pools.pages.num_free >= n
+        return self.pools.num_free_pages >= n
 
     def _new_state_slot(self) -> int | None:
         """A fresh state slot, evicting cached snapshots one leaf at a time if none is free."""
-        while self.pools.state_slots.num_free == 0 and self.cache.evict(1):
+        while self.pools.num_free_state_slots == 0 and self.cache.evict(1):
             pass
-        slots = self.pools.state_slots.alloc(1)
-        return slots[0] if slots else None
+        return self.pools.alloc_state_slot()
 
     def _admit(self, req: Request) -> bool:
         """Match the prefix cache and take pages (and a state slot); False leaves nothing held."""
@@ -210,7 +209,7 @@ class Engine:
             self.cache.unlock(match.node)
             return False
         req.cache_node, req.cache_pages = match.node, list(match.pages)
-        req.pages = [*match.pages, *self.pools.pages.alloc(new_pages)]
+        req.pages = [*match.pages, *self.pools.alloc_pages(new_pages)]
         req.num_computed = match.matched_tokens
         if self.config.model.is_hybrid:
             req.state_slot = self._new_state_slot()
@@ -270,9 +269,9 @@ class Engine:
     def _release(self, req: Request) -> None:
         """Unlock the cache path and free every page and slot the request still owns."""
         cached = set(req.cache_pages)
-        self.pools.pages.free([p for p in req.pages if p not in cached])
+        self.pools.free_pages([p for p in req.pages if p not in cached])
         slots = [*req.checkpoint_slots.values(), *([req.state_slot] if req.state_slot is not None else [])]
-        self.pools.state_slots.free(slots)
+        self.pools.free_state_slots(slots)
         self.cache.unlock(req.cache_node)
         req.pages, req.cache_pages, req.cache_node = [], [], None
         req.state_slot, req.checkpoint_slots = None, {}

@@ -89,6 +89,33 @@ class StaticPools:
         self._conv = torch.zeros((n_mamba, num_state_slots, *model.mamba.conv_state_shape()), device=device, dtype=dtype)
         self._ssm = torch.zeros((n_mamba, num_state_slots, *model.mamba.ssm_state_shape()), device=device, dtype=dtype)
 
+    # -- allocation (the only way ids enter or leave use) ---------------------------------
+    def alloc_pages(self, n: int) -> list[int] | None:
+        """``n`` fresh virtual pages, or None (nothing taken) when fewer are free."""
+        return self.pages.alloc(n)
+
+    def free_pages(self, pages: Iterable[int]) -> None:
+        self.pages.free(pages)
+
+    @property
+    def num_free_pages(self) -> int:
+        return self.pages.num_free
+
+    def page_is_live(self, page: int) -> bool:
+        return self.pages.is_live(page)
+
+    def alloc_state_slot(self) -> int | None:
+        """A fresh virtual Mamba state slot, or None when none is free."""
+        slots = self.state_slots.alloc(1)
+        return slots[0] if slots else None
+
+    def free_state_slots(self, slots: Iterable[int]) -> None:
+        self.state_slots.free(slots)
+
+    @property
+    def num_free_state_slots(self) -> int:
+        return self.state_slots.num_free
+
     # -- KV pages ---------------------------------------------------------------------
     def kv_views(self, attn_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one attention layer as (num_pages, page_size, kv_heads, head_dim) physical views."""

@@ -69,7 +69,7 @@ class ModelRunner:
     def _audit_pages(self, req: Request) -> None:
         """Record any page in the request's table that the allocator says is free (a stale read)."""
         for page in req.pages:
-            if not self.pools.pages.is_live(page):
+            if not self.pools.page_is_live(page):
                 self.stale_reads.append(f"step {self.step}: request {req.rid} reads freed page {page}")
 
     def build_batch(self, chunks: list[Chunk], is_decode: bool) -> ForwardBatch:

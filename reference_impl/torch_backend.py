@@ -39,8 +39,9 @@ class TorchBackend:
 
     name = "torch"
 
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, *, deterministic: bool = True, faults: frozenset[str] = frozenset()) -> None:
         self.page_size = page_size
+        self.deterministic = deterministic
 
     def forward(
         self,
