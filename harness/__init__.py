@@ -1,0 +1,1 @@
+"""kvmatrix harness: matrix generation, runner, oracles, results, pytest plugin, CLI."""

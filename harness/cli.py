@@ -1,0 +1,121 @@
+"""The command line: list a matrix, run it, list the faults. Exit 0 pass, 1 fail/error, 2 bad input."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from fixtures.workloads import WORKLOADS
+from harness.matrix import Cell, MatrixError, MatrixSpec, coverage, generate, load_matrix, lower_bound
+from harness.results import ResultsStore, RunInfo
+from harness.runner import GoldenRuns, configure_torch, run_cell
+from reference_impl.faults import FAULTS, UnknownFaultError, check_faults
+
+DEFAULT_REPORT_DIR = Path("reports/out")
+
+
+class UsageError(ValueError):
+    """Bad command-line input (other than the matrix file itself)."""
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` (1 ≤ I ≤ N) → (I, N)."""
+    try:
+        index, total = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {text!r}: expected I/N, e.g. 1/4") from None
+    if not 1 <= index <= total:
+        raise UsageError(f"--shard {text!r}: need 1 <= I <= N")
+    return index, total
+
+
+def select_shard(cells: Sequence[Cell], shard: tuple[int, int] | None) -> list[Cell]:
+    """Every N-th cell starting at the I-th: shards are disjoint, cover the matrix and stay stable."""
+    if shard is None:
+        return list(cells)
+    index, total = shard
+    return [cell for i, cell in enumerate(cells) if i % total == index - 1]
+
+
+def load_spec(name: str, strength: int | None) -> MatrixSpec:
+    """The matrix named on the command line, turned t-wise when ``--strength`` is given."""
+    spec = load_matrix(name, known_workloads=WORKLOADS)
+    return spec.with_strength(strength) if strength is not None else spec
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    spec = load_spec(args.matrix, args.strength)
+    cells = generate(spec)
+    for cell in cells:
+        print(cell.cell_id)
+    t = spec.strength if spec.mode == "t-wise" else min(2, len(spec.factors))
+    report = coverage(spec, cells, t)
+    bound = lower_bound(spec, t)
+    print(f"{len(cells)} cells ({spec.mode}{f', t={spec.strength}' if spec.mode == 't-wise' else ''}); "
+          f"lower bound for t={t}: {bound} (ratio {len(cells) / bound:.2f})")
+    state = "OK" if report.ok else f"MISSING {len(report.missing)}"
+    print(f"coverage t={t}: {report.covered}/{report.required} allowed {t}-tuples covered: {state}")
+    return 0 if report.ok else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.matrix, args.strength)
+    faults = check_faults(args.inject_fault)
+    cells = select_shard(generate(spec), parse_shard(args.shard) if args.shard else None)
+    info = RunInfo(spec.name, spec.mode, spec.strength, sorted(faults), len(cells))
+    store = ResultsStore(Path(args.report_dir), info)
+    done = store.start(args.resume, {c.cell_id for c in cells})
+    configure_torch()
+    goldens = GoldenRuns()
+    started = time.perf_counter()
+    for i, cell in enumerate(cells, 1):
+        if cell.cell_id in done:
+            print(f"[{i}/{len(cells)}] {cell.cell_id}: kept from the previous run", flush=True)
+            continue
+        result = run_cell(spec, cell, faults=faults, goldens=goldens)
+        store.add(result)
+        failed = [name for name, v in result.oracles.items() if v.status == "fail"]
+        note = f" ({', '.join(failed)})" if failed else (" (see error)" if result.error else "")
+        print(f"[{i}/{len(cells)}] {cell.cell_id}: {result.status}{note} "
+              f"{result.metrics.get('wall_seconds', 0):.1f}s", flush=True)
+    summary = store.summary()
+    counts = ", ".join(f"{n} {status}" for status, n in summary["counts"].items() if n)
+    print(f"{summary['cells_done']} cells: {counts} in {time.perf_counter() - started:.1f}s; "
+          f"golden runs {goldens.computed} computed, {goldens.reused} reused")
+    print(f"report: {store.index_path}")
+    return 1 if summary["counts"]["fail"] or summary["counts"]["error"] else 0
+
+
+def cmd_faults(args: argparse.Namespace) -> int:
+    for fault in FAULTS.values():
+        triggers = " and ".join(f"{name} in {{{', '.join(map(str, levels))}}}" for name, levels in fault.triggers.items())
+        print(f"{fault.name}\n  incident: {fault.incident}\n  triggers: {triggers}\n  seen by:  {fault.oracle}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, helptext in (("list", "print the cells of a matrix and check coverage"), ("run", "run a matrix and write the report")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--matrix", required=True, help="matrix name (matrices/NAME.toml) or path to a .toml file")
+        p.add_argument("--strength", type=int, help="generate a t-wise covering array of this strength")
+    run = sub.choices["run"]
+    run.add_argument("--inject-fault", action="append", default=[], metavar="NAME", help="turn on a named fault (repeatable)")
+    run.add_argument("--report-dir", default=str(DEFAULT_REPORT_DIR), help="where results.jsonl, summary.json, index.html go")
+    run.add_argument("--resume", action="store_true", help="keep finished cells of the same run in --report-dir")
+    run.add_argument("--shard", metavar="I/N", help="run only shard I of N (1-based)")
+    sub.add_parser("faults", help="list the injectable faults")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    commands = {"list": cmd_list, "run": cmd_run, "faults": cmd_faults}
+    try:
+        return commands[args.command](args)
+    except (MatrixError, UnknownFaultError, UsageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,41 @@
+"""Cell levels → EngineConfig: the factor defaults and the per-workload pool sizing."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from fixtures.workloads import Workload
+from reference_impl import registry
+from reference_impl.config import EngineConfig
+
+#: level of every engine factor a matrix leaves out.
+DEFAULT_LEVELS: dict[str, object] = {
+    "model": "dense",
+    "scheduler": "fcfs",
+    "cache": "off",
+    "pool": "static",
+    "backend": "torch",
+    "page_size": 1,
+}
+
+STATE_SLOTS = 256
+STATE_INTERVAL = 32
+
+
+def engine_levels(levels: Mapping[str, object]) -> dict[str, object]:
+    """The full level assignment: defaults overridden by ``levels``."""
+    return {**DEFAULT_LEVELS, **levels}
+
+
+def build_engine_config(levels: Mapping[str, object], workload: Workload, faults: frozenset[str]) -> EngineConfig:
+    """Resolve every factor through the registry and size the pools for ``workload``."""
+    full = engine_levels(levels)
+    resolved = {factor: registry.resolve(factor, level) for factor, level in full.items()}
+    page_size = resolved.pop("page_size")
+    return EngineConfig(
+        **resolved,
+        page_size=page_size,
+        num_pages=workload.num_pages(page_size),
+        num_state_slots=STATE_SLOTS,
+        state_interval=STATE_INTERVAL,
+        faults=faults,
+    )

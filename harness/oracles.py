@@ -1,0 +1,199 @@
+"""Oracles: judge one cell's runs against the golden runs and the workload's expectations.
+
+Each oracle looks at every workload and both passes (cold, warm) of a cell and returns one
+Verdict whose detail names what a person needs to act: workload, pass, request, step,
+expected, got. An oracle fails on silent damage only; an exception in the cell is an
+``error`` status decided by the runner, not here.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from reference_impl.request import RequestOutput
+
+PASSES = ("cold", "warm")
+
+#: top-2 logit margin under which a greedy divergence is a tie, per dtype.
+TIE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.125, torch.float16: 0.02}
+#: largest per-token logprob difference accepted against the golden run, per dtype.
+LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.02}
+MAX_FINDINGS = 5
+
+
+@dataclass(slots=True)
+class Verdict:
+    """One oracle's judgement of one cell: ``pass``, ``fail`` or ``skip``, with its evidence."""
+
+    oracle: str
+    status: str
+    message: str
+    detail: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"verdict": self.status, "message": self.message, "detail": self.detail}
+
+
+@dataclass(slots=True)
+class PassView:
+    """What an oracle sees of one pass of one workload in the cell and in the golden run."""
+
+    workload: str
+    name: str  # "cold" or "warm"
+    outputs: list[RequestOutput]
+    golden: list[RequestOutput]
+    requested: dict[str, int]               # rid -> max_new_tokens submitted
+    expected_cached: dict[str, object]      # rid -> CachedExpectation
+    nan_events: list
+    audit: list[str]
+    dtype: torch.dtype
+
+    def by_rid(self) -> dict[str, RequestOutput]:
+        return {o.rid: o for o in self.outputs}
+
+    def golden_by_rid(self) -> dict[str, RequestOutput]:
+        return {o.rid: o for o in self.golden}
+
+
+Oracle = Callable[[Sequence[PassView]], Verdict]
+
+
+def _verdict(oracle: str, findings: list[dict], ok_message: str, fail_message: Callable[[list[dict]], str]) -> Verdict:
+    if findings:
+        return Verdict(oracle, "fail", fail_message(findings), findings[:MAX_FINDINGS])
+    return Verdict(oracle, "pass", ok_message)
+
+
+def _first_divergence(got: Sequence[int], want: Sequence[int]) -> int | None:
+    for step, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            return step
+    return None
+
+
+def tokens_oracle(views: Sequence[PassView]) -> Verdict:
+    """Greedy tokens equal the golden run's, except at a near-tie of the golden top-2 logits."""
+    findings, ties = [], []
+    for view in views:
+        golden = view.golden_by_rid()
+        for out in view.outputs:
+            want = golden.get(out.rid)
+            if want is None or not out.tokens:
+                continue
+            step = _first_divergence(out.tokens, want.tokens)
+            if step is None:
+                continue
+            where = {"workload": view.workload, "pass": view.name, "request": out.rid, "step": step,
+                     "expected": want.tokens[step], "got": out.tokens[step],
+                     "context": want.tokens[max(0, step - 5) : step], "golden_margin": round(want.margins[step], 6)}
+            (ties if want.margins[step] < TIE_TOLERANCE[view.dtype] else findings).append(where)
+    verdict = _verdict(
+        "tokens", findings, f"all tokens equal golden ({len(ties)} ties)",
+        lambda f: f"{len(f)} request(s) diverge from golden; first: {f[0]['workload']}/{f[0]['pass']} "
+                  f"{f[0]['request']} step {f[0]['step']}: expected {f[0]['expected']}, got {f[0]['got']}",
+    )
+    if ties and verdict.status == "pass":
+        verdict.detail = [{"tie": True, **t} for t in ties[:MAX_FINDINGS]]
+    return verdict
+
+
+def logprobs_oracle(views: Sequence[PassView]) -> Verdict:
+    """Logprobs of the emitted tokens match golden within the dtype's tolerance, up to any divergence."""
+    findings = []
+    worst = 0.0
+    for view in views:
+        golden = view.golden_by_rid()
+        tol = LOGPROB_TOLERANCE[view.dtype]
+        for out in view.outputs:
+            want = golden.get(out.rid)
+            if want is None:
+                continue
+            stop = _first_divergence(out.tokens, want.tokens)
+            n = min(len(out.logprobs), len(want.logprobs)) if stop is None else stop
+            for step in range(n):
+                delta = abs(out.logprobs[step] - want.logprobs[step])
+                worst = max(worst, delta if delta == delta else float("inf"))
+                if not delta <= tol:
+                    findings.append({"workload": view.workload, "pass": view.name, "request": out.rid, "step": step,
+                                     "expected": want.logprobs[step], "got": out.logprobs[step], "delta": delta, "tolerance": tol})
+                    break
+    return _verdict("logprobs", findings, f"max |Δ logprob| {worst:.2e}",
+                    lambda f: f"{len(f)} request(s) off by more than {f[0]['tolerance']}; first: {f[0]['request']} "
+                              f"step {f[0]['step']}: Δ {f[0]['delta']:.3g}")
+
+
+def nan_oracle(views: Sequence[PassView]) -> Verdict:
+    """No NaN/Inf in logits, attention outputs or Mamba states, and every returned logprob finite."""
+    findings = []
+    for view in views:
+        for event in view.nan_events:
+            findings.append({"workload": view.workload, "pass": view.name, "where": event.where, "step": event.step, "requests": event.rids})
+        for out in view.outputs:
+            bad = [i for i, lp in enumerate(out.logprobs) if not -float("inf") < lp < float("inf")]
+            if bad:
+                findings.append({"workload": view.workload, "pass": view.name, "where": "logprobs", "request": out.rid, "step": bad[0]})
+    return _verdict("nan", findings, "no NaN/Inf seen",
+                    lambda f: f"non-finite values: first in {f[0]['where']} ({f[0]['workload']}/{f[0]['pass']})")
+
+
+def cached_tokens_oracle(views: Sequence[PassView]) -> Verdict:
+    """Per-request cached_tokens equal what the workload's shared prefixes imply."""
+    findings, total = [], 0
+    for view in views:
+        for out in view.outputs:
+            expect = view.expected_cached.get(out.rid)
+            if expect is None or out.finish_reason != "length":
+                continue
+            total += out.cached_tokens if view.name == "warm" else 0
+            if not expect.admits(out.cached_tokens):
+                findings.append({"workload": view.workload, "pass": view.name, "request": out.rid,
+                                 "expected": expect.describe(), "got": out.cached_tokens})
+    return _verdict("cached_tokens", findings, f"as expected ({total} warm cached tokens)",
+                    lambda f: f"{len(f)} request(s) off; first: {f[0]['workload']}/{f[0]['pass']} {f[0]['request']}: "
+                              f"expected {f[0]['expected']}, got {f[0]['got']}")
+
+
+def completeness_oracle(views: Sequence[PassView]) -> Verdict:
+    """Every submitted request finishes exactly once, with exactly the tokens it asked for."""
+    findings = []
+    for view in views:
+        seen: dict[str, int] = {}
+        for out in view.outputs:
+            seen[out.rid] = seen.get(out.rid, 0) + 1
+            want = view.requested.get(out.rid)
+            if want is None:
+                findings.append({"workload": view.workload, "pass": view.name, "request": out.rid, "problem": "never submitted"})
+            elif out.finish_reason != "length" or len(out.tokens) != want:
+                findings.append({"workload": view.workload, "pass": view.name, "request": out.rid,
+                                 "problem": f"finished '{out.finish_reason}' with {len(out.tokens)} of {want} tokens {out.error}".strip()})
+        for rid in view.requested:
+            count = seen.get(rid, 0)
+            if count != 1:
+                problem = "never finished (lost)" if count == 0 else f"finished {count} times"
+                findings.append({"workload": view.workload, "pass": view.name, "request": rid, "problem": problem})
+    return _verdict("completeness", findings, "every request finished once with its length",
+                    lambda f: f"{len(f)} problem(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['request']} {f[0]['problem']}")
+
+
+def pool_audit_oracle(views: Sequence[PassView]) -> Verdict:
+    """No page or state slot leaked or doubly owned when idle, and no freed page read."""
+    findings = [{"workload": v.workload, "pass": v.name, "problem": p} for v in views for p in v.audit]
+    return _verdict("pool_audit", findings, "pools and cache consistent when idle",
+                    lambda f: f"{len(f)} problem(s); first: {f[0]['workload']}/{f[0]['pass']}: {f[0]['problem']}")
+
+
+ORACLES: dict[str, Oracle] = {
+    "tokens": tokens_oracle,
+    "logprobs": logprobs_oracle,
+    "nan": nan_oracle,
+    "cached_tokens": cached_tokens_oracle,
+    "completeness": completeness_oracle,
+    "pool_audit": pool_audit_oracle,
+}
+
+
+def judge(views: Sequence[PassView]) -> dict[str, Verdict]:
+    """Every oracle's verdict on one cell, in a stable order."""
+    return {name: oracle(views) for name, oracle in ORACLES.items()}

@@ -1,0 +1,192 @@
+"""Runner: build the engine of a cell, run its workloads cold then warm, judge it, never crash."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from fixtures.workloads import CachedExpectation, Workload, load_workload
+from harness.engine_setup import STATE_INTERVAL, build_engine_config, engine_levels
+from harness.matrix import Cell, MatrixSpec
+from harness.oracles import PASSES, PassView, Verdict, judge
+from reference_impl.engine import Engine, EngineStats
+from reference_impl.radix_cache import NoCache
+from reference_impl.request import RequestOutput
+
+
+class CellTimeout(Exception):
+    """The cell ran past its matrix's ``timeout_s``."""
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise CellTimeout in the main thread after ``seconds``; elsewhere, no limit (signals need it)."""
+    if threading.current_thread() is not threading.main_thread() or seconds <= 0:
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise CellTimeout(f"cell exceeded its timeout of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@dataclass(slots=True)
+class PassRecord:
+    """One pass of one workload: outputs as returned, NaN events, idle audit."""
+
+    outputs: list[RequestOutput]
+    nan_events: list
+    audit: list[str]
+
+
+@dataclass(slots=True)
+class WorkloadRun:
+    """A workload run cold then warm on one engine."""
+
+    workload: Workload
+    passes: dict[str, PassRecord]
+    stats: EngineStats
+    dtype: torch.dtype
+    cache_enabled: bool
+    hybrid: bool
+    page_size: int
+    seconds: float
+
+
+def run_workload(levels: Mapping[str, object], workload: Workload, faults: frozenset[str]) -> WorkloadRun:
+    """Run ``workload`` twice (cold, warm) on a fresh engine configured by ``levels``."""
+    config = build_engine_config(levels, workload, faults)
+    started = time.perf_counter()
+    engine = Engine(config)
+    passes = {}
+    for name in PASSES:
+        seen = len(engine.nan_events)
+        outputs = engine.generate(workload.requests)
+        passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit())
+    return WorkloadRun(
+        workload, passes, engine.stats, config.dtype, config.cache is not NoCache,
+        config.model.is_hybrid, config.page_size, time.perf_counter() - started,
+    )
+
+
+class GoldenRuns:
+    """Golden runs, computed once per (golden levels, workload) and reused by every cell."""
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple, WorkloadRun] = {}
+        self.computed = 0
+        self.reused = 0
+
+    def get(self, levels: Mapping[str, object], workload: Workload) -> WorkloadRun:
+        key = (tuple(sorted(engine_levels(levels).items(), key=lambda kv: kv[0])), workload.name)
+        if key in self._runs:
+            self.reused += 1
+        else:
+            self._runs[key] = run_workload(levels, workload, frozenset())
+            self.computed += 1
+        return self._runs[key]
+
+
+@dataclass(slots=True)
+class CellResult:
+    """The record of one cell, as written to results.jsonl."""
+
+    cell_id: str
+    matrix: str
+    factors: dict[str, object]
+    status: str
+    oracles: dict[str, Verdict] = field(default_factory=dict)
+    metrics: dict[str, object] = field(default_factory=dict)
+    faults: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "cell_id": self.cell_id, "matrix": self.matrix, "factors": self.factors, "status": self.status,
+            "oracles": {name: v.to_json() for name, v in self.oracles.items()},
+            "metrics": self.metrics, "faults": self.faults, "error": self.error,
+        }
+
+
+def _views(run: WorkloadRun, golden: WorkloadRun) -> list[PassView]:
+    views = []
+    for name in PASSES:
+        record = run.passes[name]
+        if run.cache_enabled:
+            expected = run.workload.expected_cached(page_size=run.page_size, state_interval=STATE_INTERVAL,
+                                                    hybrid=run.hybrid, warm=name == "warm")
+        else:
+            expected = {r.rid: CachedExpectation(0, 0, run.page_size) for r in run.workload.requests}
+        views.append(PassView(
+            run.workload.name, name, record.outputs, golden.passes["cold"].outputs,
+            {r.rid: r.max_new_tokens for r in run.workload.requests}, expected,
+            record.nan_events, record.audit, run.dtype,
+        ))
+    return views
+
+
+def _metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, golden_seconds: float) -> dict[str, object]:
+    engine = sum(r.seconds for r in own_runs)
+    generated = sum(len(o.tokens) for r in own_runs for p in r.passes.values() for o in p.outputs)
+    return {
+        "wall_seconds": round(wall, 4),
+        "engine_seconds": round(engine, 4),
+        "golden_seconds": round(golden_seconds, 4),
+        "harness_seconds": round(max(wall - engine - golden_seconds, 0.0), 4),
+        "tokens_per_s": round(generated / engine, 1) if engine else None,
+        "cached_tokens_warm": sum(o.cached_tokens for r in runs for o in r.passes["warm"].outputs),
+        "cached_tokens_cold": sum(o.cached_tokens for r in runs for o in r.passes["cold"].outputs),
+        "preemptions": sum(r.stats.preemptions for r in runs),
+        "mean_accept_length": None,
+        "golden_reused": len(own_runs) < len(runs),
+    }
+
+
+def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: GoldenRuns) -> CellResult:
+    """Run and judge one cell; an exception or a timeout becomes status ``error`` with its traceback."""
+    levels = cell.as_dict()
+    golden_levels = {**spec.golden, **spec.golden_of(cell).as_dict()}
+    cell_is_golden = not faults and engine_levels(levels) == engine_levels(golden_levels)
+    result = CellResult(cell.cell_id, spec.name, levels, "pass", faults=sorted(faults))
+    started = time.perf_counter()
+    golden_seconds = 0.0
+    try:
+        with deadline(spec.timeout_s):
+            runs, own_runs, views = [], [], []
+            for name in spec.workloads:
+                workload = load_workload(name)
+                before = time.perf_counter()
+                golden = goldens.get(golden_levels, workload)
+                golden_seconds += time.perf_counter() - before
+                run = golden if cell_is_golden else run_workload(levels, workload, faults)
+                runs.append(run)
+                if run is not golden:
+                    own_runs.append(run)
+                views.extend(_views(run, golden))
+            result.oracles = judge(views)
+    except Exception as exc:  # a crashing cell is a finding, not the end of the run
+        result.status = "error"
+        result.error = "".join(traceback.format_exception(exc)).strip()
+        result.metrics = {"wall_seconds": round(time.perf_counter() - started, 4)}
+        return result
+    result.status = "fail" if any(v.status == "fail" for v in result.oracles.values()) else "pass"
+    result.metrics = _metrics(runs, own_runs, time.perf_counter() - started, golden_seconds)
+    return result
+
+
+def configure_torch() -> None:
+    """One intra-op thread: the reference tensors are tiny, and parallel workers own a core each."""
+    torch.set_num_threads(1)

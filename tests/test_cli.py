@@ -1,0 +1,114 @@
+"""The command line end to end on tiny matrices: exit codes, files written, resume, errors, timeouts."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+TINY = """
+[matrix]
+name = "{name}"
+mode = "full"
+workloads = ["system_prompt"]
+timeout_s = {timeout}
+
+[factors]
+model = ["dense"]
+scheduler = {schedulers}
+page_size = [16]
+"""
+
+
+def write_matrix(tmp_path: Path, name: str = "tiny", schedulers: str = '["fcfs", "priority"]', timeout: float = 120) -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(TINY.format(name=name, schedulers=schedulers, timeout=timeout))
+    return path
+
+
+def records(report: Path) -> list[dict]:
+    return [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
+
+
+def test_run_passes_and_writes_the_three_files(tmp_path: Path) -> None:
+    report = tmp_path / "out"
+    assert main(["run", "--matrix", str(write_matrix(tmp_path)), "--report-dir", str(report)]) == 0
+    rows = records(report)
+    assert [r["status"] for r in rows] == ["pass", "pass"]
+    assert set(rows[0]) >= {"cell_id", "factors", "status", "oracles", "metrics", "faults"}
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["counts"] == {"pass": 2, "fail": 0, "error": 0, "skip": 0}
+    assert "model:dense-scheduler:fcfs-page_size:16" in (report / "index.html").read_text()
+
+
+def test_fault_fails_exactly_its_trigger_cells(tmp_path: Path) -> None:
+    """priority_scheduler_drop needs pool pressure: the burst workload provides it."""
+    path = write_matrix(tmp_path)
+    path.write_text(path.read_text().replace('["system_prompt"]', '["burst"]'))
+    report = tmp_path / "out"
+    assert main(["run", "--matrix", str(path), "--report-dir", str(report), "--inject-fault", "priority_scheduler_drop"]) == 1
+    failing = {r["factors"]["scheduler"]: sorted(n for n, v in r["oracles"].items() if v["verdict"] == "fail") for r in records(report)}
+    assert failing == {"fcfs": [], "priority": ["completeness"]}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["run", "--matrix", "no_such_matrix"], "no_such_matrix"),
+        (["run", "--matrix", "{tiny}", "--inject-fault", "no_such_fault"], "no_such_fault"),
+        (["run", "--matrix", "{tiny}", "--shard", "3/2"], "--shard"),
+        (["run", "--matrix", "{bad}"], "cahce"),
+    ],
+)
+def test_bad_input_exits_2_names_it_and_writes_nothing(tmp_path: Path, capsys, args: list[str], needle: str) -> None:
+    tiny = write_matrix(tmp_path)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(tiny.read_text().replace('name = "tiny"', 'name = "bad"').replace("scheduler =", "cahce ="))
+    report = tmp_path / "out"
+    argv = [a.format(tiny=tiny, bad=bad) for a in args] + ["--report-dir", str(report)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+    assert not report.exists()
+
+
+def test_resume_keeps_finished_cells(tmp_path: Path, capsys) -> None:
+    path, report = write_matrix(tmp_path), tmp_path / "out"
+    assert main(["run", "--matrix", str(path), "--report-dir", str(report), "--shard", "1/2"]) == 0
+    first = records(report)
+    assert main(["run", "--matrix", str(path), "--report-dir", str(report), "--resume"]) == 0
+    assert "kept from the previous run" in capsys.readouterr().out
+    rows = records(report)
+    assert len(rows) == 2 and rows[0] == first[0]
+
+
+def test_a_crashing_cell_is_an_error_and_the_run_goes_on(tmp_path: Path) -> None:
+    path = write_matrix(tmp_path, schedulers='["fcfs", "tests.components:ExplodingQueue"]')
+    report = tmp_path / "out"
+    assert main(["run", "--matrix", str(path), "--report-dir", str(report)]) == 1
+    by_sched = {r["factors"]["scheduler"]: r for r in records(report)}
+    assert by_sched["fcfs"]["status"] == "pass"
+    broken = by_sched["tests.components:ExplodingQueue"]
+    assert broken["status"] == "error" and "queue exploded" in broken["error"]
+
+
+def test_a_slow_cell_times_out_as_an_error(tmp_path: Path) -> None:
+    path = write_matrix(tmp_path, schedulers='["tests.components:SlowQueue"]', timeout=0.5)
+    report = tmp_path / "out"
+    assert main(["run", "--matrix", str(path), "--report-dir", str(report)]) == 1
+    (row,) = records(report)
+    assert row["status"] == "error" and "timeout of 0.5 s" in row["error"]
+
+
+def test_list_prints_cells_bound_and_coverage(tmp_path: Path, capsys) -> None:
+    assert main(["list", "--matrix", str(write_matrix(tmp_path)), "--strength", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "model:dense-scheduler:fcfs-page_size:16" in out and "coverage t=2" in out and "OK" in out
+
+
+def test_faults_lists_incident_and_triggers(capsys) -> None:
+    assert main(["faults"]) == 0
+    out = capsys.readouterr().out
+    assert "priority_scheduler_drop" in out and "vLLM #49206" in out and "scheduler in {priority}" in out

@@ -1,0 +1,307 @@
+"""Matrix files: loading, validation errors that name the input, and cell generation in every mode."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import pytest
+from _pytest.mark.expression import Expression
+
+from harness import matrix
+from harness.matrix import Cell, MatrixError, MatrixSpec
+
+VALID = """\
+[matrix]
+name = "smoke"
+description = "a small matrix"
+mode = "t-wise"
+strength = 2
+workloads = ["system_prompt", "multi_turn"]
+timeout_s = 300
+
+[factors]
+model = ["dense", "hybrid"]
+cache = ["off", "device"]
+scheduler = ["fcfs", "priority"]
+page_size = [1, 16]
+
+[golden]
+scheduler = "fcfs"
+
+[[constraints]]
+forbid = { cache = "off", scheduler = ["priority"] }
+reason = "example: the priority queue is only tried with a cache"
+# END
+"""
+MATRIX_BLOCK = VALID[: VALID.index("[factors]")]
+FACTOR_LINES = VALID[VALID.index("model = ") : VALID.index("[golden]")]
+WORKLOADS = {"system_prompt", "multi_turn", "high_load"}
+
+
+def write(tmp_path: Path, text: str, name: str = "smoke") -> Path:
+    """Write ``matrices/<name>.toml`` under ``tmp_path`` and return its path."""
+    path = tmp_path / "matrices" / f"{name}.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def load(tmp_path: Path, text: str = VALID, mode: str | None = None) -> MatrixSpec:
+    """Load ``text`` as matrices/smoke.toml, optionally switched to another mode."""
+    spec = matrix.load_matrix(str(write(tmp_path, text)), known_workloads=WORKLOADS)
+    return spec if mode is None else dataclasses.replace(spec, mode=mode, strength=None)
+
+
+def every_row(spec: MatrixSpec) -> list[dict[str, object]]:
+    """The full product of the spec's levels, as rows, independently of ``generate``."""
+    names = [factor for factor, _ in spec.factors]
+    return [dict(zip(names, levels)) for levels in itertools.product(*(lv for _, lv in spec.factors))]
+
+
+def test_valid_file_loads(tmp_path: Path) -> None:
+    spec = load(tmp_path)
+    assert (spec.name, spec.mode, spec.strength, spec.timeout_s) == ("smoke", "t-wise", 2, 300.0)
+    assert spec.description == "a small matrix"
+    assert spec.workloads == ("system_prompt", "multi_turn")
+    assert spec.factors == (("model", ("dense", "hybrid")), ("cache", ("off", "device")),
+                            ("scheduler", ("fcfs", "priority")), ("page_size", (1, 16)))
+    assert [dict(c.forbid) for c in spec.constraints] == [{"cache": ("off",), "scheduler": ("priority",)}]
+    assert dict(spec.golden) == {**matrix.DEFAULT_GOLDEN, "scheduler": "fcfs"}
+
+
+def test_defaults(tmp_path: Path) -> None:
+    text = '[matrix]\nname = "smoke"\nmode = "full"\n[factors]\nmodel = ["dense"]\n'
+    spec = load(tmp_path, text)
+    assert (spec.description, spec.strength, spec.workloads, spec.timeout_s) == ("", None, (), 600.0)
+    assert spec.constraints == () and dict(spec.golden) == dict(matrix.DEFAULT_GOLDEN)
+
+
+def test_resolve_by_name_and_by_path(tmp_path: Path) -> None:
+    path = write(tmp_path, VALID)
+    assert matrix.resolve_matrix_path("smoke", tmp_path / "matrices") == path
+    assert matrix.resolve_matrix_path(str(path)) == path
+    assert matrix.load_matrix("smoke", matrices_dir=tmp_path / "matrices").path == path
+
+
+def test_missing_matrix_lists_the_available_ones(tmp_path: Path) -> None:
+    write(tmp_path, VALID)
+    write(tmp_path, VALID.replace('"smoke"', '"nightly"'), name="nightly")
+    with pytest.raises(MatrixError, match=r"smok\.toml: no such matrix .*: nightly, smoke\)$"):
+        matrix.resolve_matrix_path("smok", tmp_path / "matrices")
+
+
+@pytest.mark.parametrize("mode", ["full", "t-wise", "ofat"])
+def test_generated_cells_are_allowed_distinct_and_deterministic(tmp_path: Path, mode: str) -> None:
+    spec = load(tmp_path) if mode == "t-wise" else load(tmp_path, mode=mode)
+    cells = matrix.generate(spec)
+    assert cells, "a matrix with allowed rows has cells"
+    forbidden = [c.cell_id for c in cells if c.level("cache") == "off" and c.level("scheduler") == "priority"]
+    assert not forbidden
+    assert len({c.cell_id for c in cells}) == len(cells) == len(set(cells))
+    again = matrix.generate(load(tmp_path) if mode == "t-wise" else load(tmp_path, mode=mode))
+    assert [c.cell_id for c in again] == [c.cell_id for c in cells]
+
+
+def test_full_is_the_product_minus_forbidden_in_file_order(tmp_path: Path) -> None:
+    spec = load(tmp_path, mode="full")
+    expected = [row for row in every_row(spec)
+                if not (row["cache"] == "off" and row["scheduler"] == "priority")]
+    assert [c.as_dict() for c in matrix.generate(spec)] == expected
+    assert len(expected) == 12
+
+
+def test_t_wise_covers_every_allowed_pair(tmp_path: Path) -> None:
+    spec = load(tmp_path)
+    cells = matrix.generate(spec)
+    allowed = [row for row in every_row(spec) if spec.allows(row)]
+    needed = {(a, row[a], b, row[b]) for row in allowed for a, b in itertools.combinations(row, 2)}
+    seen = {(a, c.level(a), b, c.level(b)) for c in cells for a, b in itertools.combinations(c.as_dict(), 2)}
+    assert needed <= seen
+    assert matrix.lower_bound(spec, 2) == 4
+    four_suffice = any(needed <= {(a, r[a], b, r[b]) for r in rows for a, b in itertools.combinations(r, 2)}
+                       for rows in itertools.combinations(allowed, 4))
+    assert not four_suffice and len(cells) == 5, "the constraint makes 5 the minimum"
+    report = matrix.coverage(spec, cells, 2)
+    assert (report.ok, report.required, report.covered) == (True, len(needed), len(needed))
+
+
+def test_coverage_reports_what_a_dropped_cell_held(tmp_path: Path) -> None:
+    spec = load(tmp_path)
+    cells = matrix.generate(spec)
+    report = matrix.coverage(spec, cells[1:], 2)
+    assert not report.ok and report.covered == report.required - len(report.missing)
+    assert all(cells[0].level(f) == level for ttuple in report.missing for f, level in ttuple)
+
+
+def test_ofat_varies_one_factor_from_the_golden_cell(tmp_path: Path) -> None:
+    cells = matrix.generate(load(tmp_path, mode="ofat"))
+    assert [c.cell_id for c in cells] == [
+        "model:dense-cache:off-scheduler:fcfs-page_size:1",
+        "model:hybrid-cache:off-scheduler:fcfs-page_size:1",
+        "model:dense-cache:device-scheduler:fcfs-page_size:1",
+        # scheduler:priority with cache:off is forbidden, so OFAT never tries priority
+        "model:dense-cache:off-scheduler:fcfs-page_size:16",
+    ]
+
+
+def test_with_strength_turns_any_matrix_t_wise(tmp_path: Path) -> None:
+    spec = load(tmp_path, mode="full").with_strength(3)
+    assert (spec.mode, spec.strength) == ("t-wise", 3)
+    assert matrix.coverage(spec, matrix.generate(spec), 3).ok
+    with pytest.raises(MatrixError, match=r"smoke\.toml: --strength: 5 is out of range 1\.\.4"):
+        spec.with_strength(5)
+
+
+def test_cell_id_is_readable_and_selectable_with_k() -> None:
+    cell = Cell((("model", "dense"), ("cache", "mypkg.store:MyCache"), ("page_size", 16)))
+    assert cell.cell_id == "model:dense-cache:MyCache-page_size:16"
+    assert Expression.compile(cell.cell_id).evaluate(lambda name, **_: name in f"test[{cell.cell_id}]")
+    assert cell.level("page_size") == 16 and cell.as_dict()["cache"] == "mypkg.store:MyCache"
+    with pytest.raises(KeyError, match="'pool'"):
+        cell.level("pool")
+
+
+def test_golden_of_replaces_only_factors_with_a_golden_level(tmp_path: Path) -> None:
+    spec = load(tmp_path)
+    cell = Cell((("model", "hybrid"), ("cache", "device"), ("scheduler", "priority"), ("page_size", 16)))
+    assert spec.golden_of(cell) == Cell(
+        (("model", "hybrid"), ("cache", "off"), ("scheduler", "fcfs"), ("page_size", 1)))
+    assert spec.golden["pool"] == "static" and spec.golden["backend"] == "torch"
+
+
+def test_golden_table_overrides_the_default(tmp_path: Path) -> None:
+    spec = load(tmp_path, VALID.replace('scheduler = "fcfs"\n', 'cache = "device"\npage_size = 16\n'))
+    assert spec.golden_cell().cell_id == "model:dense-cache:device-scheduler:fcfs-page_size:16"
+    assert matrix.generate(dataclasses.replace(spec, mode="ofat", strength=None))[0] == spec.golden_cell()
+
+
+def test_constraint_semantics_match_allows(tmp_path: Path) -> None:
+    """The index predicate the t-wise generator uses agrees with ``MatrixSpec.allows`` on every row."""
+    text = VALID.replace("# END", '[[constraints]]\nforbid = { model = "hybrid", page_size = [1, 16], '
+                                   'cache = "device" }\nreason = "example"\n')
+    spec = load(tmp_path, text, mode="full")
+    full = matrix.generate(spec)
+    assert len(full) == sum(spec.allows(row) for row in every_row(spec)) == 16 - 4 - 4
+    assert matrix.generate(spec.with_strength(4)) == full, "at t = #factors every allowed row is needed"
+    for t in (1, 2, 3, 4):
+        cells = matrix.generate(spec.with_strength(t))
+        assert all(spec.allows(c.as_dict()) for c in cells)
+        assert matrix.coverage(spec, cells, t).ok
+
+
+# Each case: (id, text to replace in VALID, replacement, fragments the one-line message must hold).
+BAD = [
+    ("syntax", "[matrix]\n", "[matrix\n", ["TOML syntax error", "line 1"]),
+    ("unknown table", "# END", "[extra]\nx = 1", ["[extra]", "unknown table"]),
+    ("unknown top key", "[matrix]\n", "colour = 1\n[matrix]\n", ["colour", "unknown key"]),
+    ("matrix not a table", MATRIX_BLOCK, "matrix = 1\n", ["[matrix]", "expected a table", "int 1"]),
+    ("missing matrix", MATRIX_BLOCK, "", ["[matrix]", "missing required table"]),
+    ("unknown matrix key", 'mode = "t-wise"', 'modee = "t-wise"', ["[matrix] modee", "unknown key"]),
+    ("missing name", 'name = "smoke"\n', "", ["[matrix] name", "missing"]),
+    ("missing factors", "[factors]\n" + FACTOR_LINES, "", ["[factors]", "missing required table"]),
+    ("name type", 'name = "smoke"', "name = 3", ["[matrix] name", "int 3"]),
+    ("name mismatch", 'name = "smoke"', 'name = "other"', ["[matrix] name", "'other'", "'smoke'"]),
+    ("unknown mode", 'mode = "t-wise"', 'mode = "pairs"', ["[matrix] mode", "'pairs'"]),
+    ("strength missing", "strength = 2\n", "", ["[matrix] strength", "missing"]),
+    ("strength with full", 'mode = "t-wise"', 'mode = "full"', ["[matrix] strength", "2", "'full'"]),
+    ("strength zero", "strength = 2", "strength = 0", ["[matrix] strength", "0 is out of range 1..4"]),
+    ("strength too big", "strength = 2", "strength = 5", ["[matrix] strength", "5 is out of range"]),
+    ("strength string", "strength = 2", 'strength = "2"', ["[matrix] strength", "'2'"]),
+    ("strength bool", "strength = 2", "strength = true", ["[matrix] strength", "True"]),
+    ("timeout negative", "timeout_s = 300", "timeout_s = -1", ["[matrix] timeout_s", "-1"]),
+    ("timeout string", "timeout_s = 300", 'timeout_s = "300"', ["[matrix] timeout_s", "'300'"]),
+    ("description type", 'description = "a small matrix"', "description = 3", ["[matrix] description", "3"]),
+    ("workloads type", 'workloads = ["system_prompt", "multi_turn"]', 'workloads = "x"',
+     ["[matrix] workloads", "'x'"]),
+    ("workload unknown", '"multi_turn"]', '"nope"]', ["[matrix] workloads", "'nope'", "high_load"]),
+    ("workload duplicate", '"multi_turn"]', '"system_prompt"]', ["[matrix] workloads", "duplicate", "'system_prompt'"]),
+    ("factors empty", FACTOR_LINES, "", ["[factors]", "no factors"]),
+    ("unknown factor", "cache = [", "cahce = [", ["[factors] cahce", "unknown factor", "known: backend, cache"]),
+    ("empty levels", 'cache = ["off", "device"]', "cache = []", ["[factors] cache", "empty level list"]),
+    ("levels not a list", 'cache = ["off", "device"]', 'cache = "off"', ["[factors] cache", "'off'"]),
+    ("duplicate level", 'cache = ["off", "device"]', 'cache = ["off", "device", "off"]',
+     ["[factors] cache", "duplicate level 'off'"]),
+    ("registry rejects", 'cache = ["off", "device"]', 'cache = ["off", "disk"]', ["[factors] cache", "'disk'"]),
+    ("page size zero", "page_size = [1, 16]", "page_size = [1, 0]", ["[factors] page_size", "0"]),
+    ("page size string", "page_size = [1, 16]", 'page_size = [1, "16"]', ["[factors] page_size", "'16'"]),
+    ("id tokens collide", 'cache = ["off", "device"]', 'cache = ["off", "a.b:X", "c.d:X"]',
+     ["[factors] cache", "'c.d:X'", "cell-id name 'X'", "'a.b:X'"]),
+    ("id token empty", 'cache = ["off", "device"]', 'cache = ["off", "a.b:"]', ["[factors] cache", "'a.b:'"]),
+    ("constraint unknown level", 'forbid = { cache = "off"', 'forbid = { cache = "disk"',
+     ["[[constraints]] #1 forbid.cache", "unknown level 'disk'", "levels: off, device"]),
+    ("constraint unknown factor", 'forbid = { cache = "off"', 'forbid = { cahce = "off"',
+     ["[[constraints]] #1 forbid.cahce", "unknown factor"]),
+    ("constraint factor not in matrix", 'forbid = { cache = "off"', 'forbid = { pool = "static"',
+     ["[[constraints]] #1 forbid.pool", "'pool' is not in [factors]"]),
+    ("constraint empty list", 'scheduler = ["priority"]', "scheduler = []", ["#1 forbid.scheduler", "empty"]),
+    ("constraint duplicate level", 'scheduler = ["priority"]', 'scheduler = ["priority", "priority"]',
+     ["#1 forbid.scheduler", "duplicate level 'priority'"]),
+    ("constraint wrong type level", 'scheduler = ["priority"]', "scheduler = 1",
+     ["#1 forbid.scheduler", "unknown level 1"]),
+    ("second constraint", "# END", '[[constraints]]\nforbid = { page_size = 32 }\nreason = "r"',
+     ["[[constraints]] #2 forbid.page_size", "unknown level 32", "levels: 1, 16"]),
+    ("missing reason", 'reason = "example: the priority queue is only tried with a cache"\n', "",
+     ["[[constraints]] #1 reason", "missing"]),
+    ("empty reason", 'reason = "example: the priority queue is only tried with a cache"', 'reason = " "',
+     ["[[constraints]] #1 reason", "empty"]),
+    ("missing forbid", 'forbid = { cache = "off", scheduler = ["priority"] }\n', "",
+     ["[[constraints]] #1 forbid", "missing"]),
+    ("empty forbid", 'forbid = { cache = "off", scheduler = ["priority"] }', "forbid = {}",
+     ["[[constraints]] #1 forbid", "empty"]),
+    ("unknown constraint key", "# END", 'why = "x"', ["[[constraints]] #1 why", "unknown key"]),
+    ("constraints not an array", "[[constraints]]", "[constraints]", ["[[constraints]]", "expected an array"]),
+    ("every row forbidden", "# END", '[[constraints]]\nforbid = { cache = "device" }\nreason = "r"\n'
+     '[[constraints]]\nforbid = { cache = "off" }\nreason = "r"', ["[[constraints]]", "every row is forbidden"]),
+    ("golden forbidden", "# END", '[[constraints]]\nforbid = { model = "dense", page_size = 1 }\nreason = "r2"',
+     ["[golden]", "golden cell model:dense-cache:off-scheduler:fcfs-page_size:1", "#2", "r2"]),
+    ("golden unknown factor", 'scheduler = "fcfs"\n\n', 'cahce = "off"\n\n', ["[golden] cahce", "unknown factor"]),
+    ("golden registry rejects", 'scheduler = "fcfs"\n\n', 'cache = "disk"\n\n', ["[golden] cache", "'disk'"]),
+    ("golden not a level", 'scheduler = "fcfs"\n\n', 'page_size = 32\n\n',
+     ["[golden] page_size", "golden level 32", "levels: 1, 16"]),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "fragments"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_input_names_file_key_and_value(tmp_path: Path, old: str, new: str, fragments: list[str]) -> None:
+    assert old in VALID, "the case must change the valid file"
+    with pytest.raises(MatrixError) as info:
+        load(tmp_path, VALID.replace(old, new, 1))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(str(tmp_path / "matrices" / "smoke.toml") + ": ")
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+def test_message_path_is_relative_under_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path, VALID.replace('mode = "t-wise"', 'mode = "pairs"'))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MatrixError, match=r"^matrices/smoke\.toml: \[matrix\] mode: unknown mode 'pairs'"):
+        matrix.load_matrix("smoke")
+
+
+def test_workloads_are_free_without_a_known_set(tmp_path: Path) -> None:
+    path = write(tmp_path, VALID.replace('"multi_turn"]', '"anything"]'))
+    assert matrix.load_matrix(str(path)).workloads == ("system_prompt", "anything")
+
+
+def test_coverage_and_lower_bound_check_the_strength(tmp_path: Path) -> None:
+    spec = load(tmp_path)
+    for bad in (0, 5):
+        with pytest.raises(MatrixError, match=rf"smoke\.toml: t: {bad} is out of range"):
+            matrix.coverage(spec, [], bad)
+        with pytest.raises(MatrixError, match=rf"smoke\.toml: t: {bad} is out of range"):
+            matrix.lower_bound(spec, bad)
+
+
+def test_default_golden_outside_the_levels_still_configures_the_golden_run(tmp_path: Path) -> None:
+    """page_size = [16] with the default golden page_size 1: cells compare against a page_size-1 run."""
+    path = tmp_path / "one.toml"
+    path.write_text('[matrix]\nname = "one"\nmode = "full"\n\n[factors]\nmodel = ["dense"]\npage_size = [16]\n')
+    spec = matrix.load_matrix(str(path))
+    (cell,) = matrix.generate(spec)
+    assert spec.golden_cell() == cell
+    assert spec.golden_of(cell).as_dict() == {"model": "dense", "page_size": 1}

@@ -1,0 +1,97 @@
+"""Each oracle passes on identical results and fails on a crafted discrepancy, naming it."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from fixtures.workloads import CachedExpectation
+from harness.oracles import ORACLES, PassView, judge
+from reference_impl.model_runner import NanEvent
+from reference_impl.request import RequestOutput
+
+
+def output(rid: str, tokens: list[int], margin: float = 1.0, cached: int = 0) -> RequestOutput:
+    n = len(tokens)
+    return RequestOutput(rid, list(tokens), [-0.5] * n, [[t] for t in tokens], [[-0.5]] * n, [margin] * n, cached, "length")
+
+
+def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None, **changes) -> PassView:
+    golden = golden if golden is not None else copy.deepcopy(outputs)
+    base = dict(
+        workload="w", name="warm", outputs=outputs, golden=golden,
+        requested={o.rid: len(o.tokens) for o in golden},
+        expected_cached={o.rid: CachedExpectation(o.cached_tokens, o.cached_tokens, 1) for o in golden},
+        nan_events=[], audit=[], dtype=torch.float32,
+    )
+    base.update(changes)
+    return PassView(**base)
+
+
+def baseline() -> list[RequestOutput]:
+    return [output("a", [1, 2, 3, 4], cached=8), output("b", [5, 6, 7, 8], cached=0)]
+
+
+def test_every_oracle_passes_on_identical_results() -> None:
+    verdicts = judge([view(baseline())])
+    assert {name: v.status for name, v in verdicts.items()} == {name: "pass" for name in ORACLES}
+
+
+def test_tokens_fails_with_request_step_expected_got() -> None:
+    outs = baseline()
+    outs[1].tokens[2] = 99
+    v = ORACLES["tokens"]([view(outs, baseline())])
+    assert v.status == "fail"
+    assert v.detail[0] | {"context": None} == {"workload": "w", "pass": "warm", "request": "b", "step": 2,
+                                                "expected": 7, "got": 99, "context": None, "golden_margin": 1.0}
+
+
+def test_tokens_divergence_at_a_near_tie_is_a_tie_not_a_failure() -> None:
+    golden = [output("a", [1, 2, 3], margin=1e-5)]
+    v = ORACLES["tokens"]([view([output("a", [1, 9, 3])], golden)])
+    assert v.status == "pass" and v.detail[0]["tie"] and "1 ties" in v.message
+
+
+def test_logprobs_fails_beyond_tolerance_only() -> None:
+    outs = baseline()
+    outs[0].logprobs[1] += 1e-5
+    assert ORACLES["logprobs"]([view(outs, baseline())]).status == "pass"
+    outs[0].logprobs[1] += 0.01
+    v = ORACLES["logprobs"]([view(outs, baseline())])
+    assert v.status == "fail" and v.detail[0]["request"] == "a" and v.detail[0]["step"] == 1
+
+
+def test_nan_fails_on_sentinel_event_and_on_nan_logprob() -> None:
+    event = NanEvent("attention[0]", 3, ["a"])
+    assert ORACLES["nan"]([view(baseline(), nan_events=[event])]).detail[0]["where"] == "attention[0]"
+    outs = baseline()
+    outs[1].logprobs[0] = float("nan")
+    assert ORACLES["nan"]([view(outs, baseline())]).detail[0]["request"] == "b"
+
+
+def test_cached_tokens_fails_on_wrong_count() -> None:
+    outs = baseline()
+    outs[0].cached_tokens = 4
+    v = ORACLES["cached_tokens"]([view(outs, baseline())])
+    assert v.status == "fail" and v.detail[0] == {"workload": "w", "pass": "warm", "request": "a", "expected": "8", "got": 4}
+
+
+@pytest.mark.parametrize(
+    ("mutate", "problem"),
+    [
+        (lambda outs: outs.pop(), "never finished (lost)"),
+        (lambda outs: outs.append(copy.deepcopy(outs[0])), "finished 2 times"),
+        (lambda outs: outs[0].tokens.pop(), "with 3 of 4 tokens"),
+    ],
+)
+def test_completeness_fails_on_lost_duplicate_or_short(mutate, problem: str) -> None:
+    outs = baseline()
+    mutate(outs)
+    v = ORACLES["completeness"]([view(outs, baseline())])
+    assert v.status == "fail" and problem in v.detail[0]["problem"]
+
+
+def test_pool_audit_fails_on_any_problem() -> None:
+    v = ORACLES["pool_audit"]([view(baseline(), audit=["pages leaked: free 3 + cached 4 != 8"])])
+    assert v.status == "fail" and "leaked" in v.message

@@ -1,0 +1,68 @@
+"""The pytest plugin end to end, in a child pytest: one item per cell, -k, failures with evidence."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+MATRIX = """
+[matrix]
+name = "tiny"
+mode = "full"
+workloads = ["burst"]
+
+[factors]
+model = ["dense"]
+scheduler = ["fcfs", "priority"]
+page_size = [1, 16]
+
+[golden]
+page_size = 16
+"""
+
+
+@pytest.fixture
+def tiny(pytester: pytest.Pytester) -> Path:
+    path = pytester.path / "tiny.toml"
+    path.write_text(MATRIX)
+    return path
+
+
+def test_one_item_per_cell_named_by_cell_id(pytester: pytest.Pytester, tiny: Path) -> None:
+    result = pytester.runpytest("-m", "matrix", "--matrix", str(tiny), "--collect-only", "-q")
+    items = [line for line in result.outlines if "::" in line]
+    assert items == [
+        "tiny.toml::model:dense-scheduler:fcfs-page_size:1",
+        "tiny.toml::model:dense-scheduler:fcfs-page_size:16",
+        "tiny.toml::model:dense-scheduler:priority-page_size:1",
+        "tiny.toml::model:dense-scheduler:priority-page_size:16",
+    ]
+
+
+def test_fault_fails_only_priority_cells_with_evidence(pytester: pytest.Pytester, tiny: Path) -> None:
+    report = pytester.path / "out"
+    result = pytester.runpytest(
+        "-m", "matrix", "--matrix", str(tiny), "-k", "page_size:16",
+        "--inject-fault", "priority_scheduler_drop", "--report-dir", str(report),
+    )
+    result.assert_outcomes(passed=1, failed=1, deselected=2)
+    result.stdout.fnmatch_lines([
+        "*cell model:dense-scheduler:priority-page_size:16: fail*",
+        "*completeness:*never finished (lost)*",
+        "*reproduce: pytest -m matrix --matrix * --inject-fault priority_scheduler_drop -k 'model:dense-scheduler:priority-page_size:16'*",
+    ])
+    rows = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["cell_id"], r["status"]) for r in rows) == [
+        ("model:dense-scheduler:fcfs-page_size:16", "pass"),
+        ("model:dense-scheduler:priority-page_size:16", "fail"),
+    ]
+
+
+def test_bad_matrix_is_a_usage_error(pytester: pytest.Pytester, tiny: Path) -> None:
+    tiny.write_text(MATRIX.replace("scheduler =", "schedular ="))
+    result = pytester.runpytest("-m", "matrix", "--matrix", str(tiny))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*tiny.toml*schedular*unknown factor*"])
