@@ -44,6 +44,8 @@ class Engine:
             num_state_slots=config.num_state_slots,
             device=config.device,
             dtype=config.dtype,
+            poison=config.poison,
+            faults=config.faults,
         )
         free_state = (lambda slot: self.pools.free_state_slots([slot])) if cfg.is_hybrid else None
         self.cache = config.cache(config.page_size, self.pools.free_pages, free_state)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from reference_impl.config import ModelConfig
+from reference_impl.poison import poison_, poison_rows_
 
 
 class PoolIntegrityError(AssertionError):
@@ -43,9 +44,14 @@ class IdAllocator:
         return ids
 
     def free(self, ids: Iterable[int]) -> None:
+        """Take ``ids`` back; all are checked first, so a bad call frees nothing."""
+        ids = list(ids)
+        seen: set[int] = set()
         for i in ids:
-            if not 0 <= i < self.size or not self._live[i]:
+            if not 0 <= i < self.size or not self._live[i] or i in seen:
                 raise PoolIntegrityError(f"{self.what} {i} freed while not live")
+            seen.add(i)
+        for i in ids:
             self._live[i] = 0
             heapq.heappush(self._free, i)
 
@@ -54,6 +60,10 @@ class IdAllocator:
 
     def live_ids(self) -> list[int]:
         return [i for i in range(self.size) if self._live[i]]
+
+    def span(self) -> int:
+        """One past the highest live id (0 when none is live): the extent that holes are counted in."""
+        return self._live.rfind(1) + 1
 
     def check_integrity(self) -> None:
         """Free list and live flags are exact complements, without duplicates."""
@@ -65,8 +75,31 @@ class IdAllocator:
             raise PoolIntegrityError(f"{self.what}s leaked: free + live != {self.size}")
 
 
+def write_paged_kv(
+    k_view: torch.Tensor, v_view: torch.Tensor, page_size: int, out_cache_loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """Store tokens' K/V at physical slots of (num_pages, page_size, ...) views, strided or not; -1 is skipped."""
+    keep = out_cache_loc >= 0
+    loc = out_cache_loc[keep]
+    page, offset = loc // page_size, loc % page_size
+    k_view[page, offset] = k[keep].to(k_view.dtype)
+    v_view[page, offset] = v[keep].to(v_view.dtype)
+
+
+def keep_memory(ids: list[int]) -> None:
+    """The issue/free hook when there is nothing to scrub: memory stays as it is, at no cost."""
+
+
 class StaticPools:
-    """Separate KV and Mamba-state tensors, zero-filled at creation (the static layout)."""
+    """Separate KV and Mamba-state tensors, zero-filled at creation (the static layout).
+
+    Zero-filled and only ever written with finite K/V, a static pool needs no scrubbing: a
+    re-issued page holds old finite values, which masks and gathers handle (SGLang #33974
+    calls static pools "naturally immune"). With ``poison`` the buffers start as NaN, a
+    freed page or slot is poisoned again (so a stale read shows), and an issued page is
+    zeroed (so it is as safe to issue as without poison). The flag is read once, here.
+    ``faults`` is taken for the common pool interface; no static-pool fault exists yet.
+    """
 
     def __init__(
         self,
@@ -77,25 +110,40 @@ class StaticPools:
         num_state_slots: int,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
+        poison: bool = False,
+        faults: frozenset[str] = frozenset(),
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
         self.pages = IdAllocator(num_pages, "page")
         self.state_slots = IdAllocator(num_state_slots, "state slot")
         kv_shape = (len(model.attention_layers), num_pages, page_size, model.num_kv_heads, model.head_dim)
-        self._k = torch.zeros(kv_shape, device=device, dtype=dtype)
-        self._v = torch.zeros(kv_shape, device=device, dtype=dtype)
         n_mamba = len(model.mamba_layers)
-        self._conv = torch.zeros((n_mamba, num_state_slots, *model.mamba.conv_state_shape()), device=device, dtype=dtype)
-        self._ssm = torch.zeros((n_mamba, num_state_slots, *model.mamba.ssm_state_shape()), device=device, dtype=dtype)
+        shapes = [
+            kv_shape,
+            kv_shape,
+            (n_mamba, num_state_slots, *model.mamba.conv_state_shape()),
+            (n_mamba, num_state_slots, *model.mamba.ssm_state_shape()),
+        ]
+        fill = poison_ if poison else torch.Tensor.zero_
+        self._k, self._v, self._conv, self._ssm = (fill(torch.empty(s, device=device, dtype=dtype)) for s in shapes)
+        self._on_issue_pages = self._zero_pages if poison else keep_memory
+        self._on_free_pages = self._poison_pages if poison else keep_memory
+        self._on_free_slots = self._poison_slots if poison else keep_memory
 
     # -- allocation (the only way ids enter or leave use) ---------------------------------
     def alloc_pages(self, n: int) -> list[int] | None:
         """``n`` fresh virtual pages, or None (nothing taken) when fewer are free."""
-        return self.pages.alloc(n)
+        pages = self.pages.alloc(n)
+        if pages:
+            self._on_issue_pages(pages)
+        return pages
 
     def free_pages(self, pages: Iterable[int]) -> None:
+        """Take pages back (poisoned again when poison is on)."""
+        pages = list(pages)
         self.pages.free(pages)
+        self._on_free_pages(pages)
 
     @property
     def num_free_pages(self) -> int:
@@ -105,16 +153,37 @@ class StaticPools:
         return self.pages.is_live(page)
 
     def alloc_state_slot(self) -> int | None:
-        """A fresh virtual Mamba state slot, or None when none is free."""
+        """A fresh virtual Mamba state slot, or None when none is free; the engine zeroes or overwrites it."""
         slots = self.state_slots.alloc(1)
         return slots[0] if slots else None
 
     def free_state_slots(self, slots: Iterable[int]) -> None:
+        """Take state slots back (poisoned again when poison is on)."""
+        slots = list(slots)
         self.state_slots.free(slots)
+        self._on_free_slots(slots)
 
     @property
     def num_free_state_slots(self) -> int:
         return self.state_slots.num_free
+
+    def _zero_pages(self, pages: list[int]) -> None:
+        """Poison on: an issued page reads zero in every layer, as a fresh static pool would."""
+        index = torch.tensor(pages, dtype=torch.long, device=self._k.device)
+        self._k.index_fill_(1, index, 0)
+        self._v.index_fill_(1, index, 0)
+
+    def _poison_pages(self, pages: list[int]) -> None:
+        """Poison on: a freed page reads NaN in every layer, K and V."""
+        index = torch.tensor(pages, dtype=torch.long, device=self._k.device)
+        poison_rows_(self._k, 1, index)
+        poison_rows_(self._v, 1, index)
+
+    def _poison_slots(self, slots: list[int]) -> None:
+        """Poison on: a freed state slot reads NaN in every Mamba layer, conv and SSM."""
+        index = torch.tensor(slots, dtype=torch.long, device=self._conv.device)
+        poison_rows_(self._conv, 1, index)
+        poison_rows_(self._ssm, 1, index)
 
     # -- KV pages ---------------------------------------------------------------------
     def kv_views(self, attn_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,12 +196,7 @@ class StaticPools:
 
     def write_kv(self, attn_layer: int, out_cache_loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens' K/V at their physical slots; slots of -1 are skipped."""
-        keep = out_cache_loc >= 0
-        loc = out_cache_loc[keep]
-        k_view, v_view = self.kv_views(attn_layer)
-        page, offset = loc // self.page_size, loc % self.page_size
-        k_view[page, offset] = k[keep].to(k_view.dtype)
-        v_view[page, offset] = v[keep].to(v_view.dtype)
+        write_paged_kv(*self.kv_views(attn_layer), self.page_size, out_cache_loc, k, v)
 
     # -- Mamba state slots ----------------------------------------------------------------
     def state_views(self, mamba_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,5 +220,6 @@ class StaticPools:
         self._ssm[:, p_dst] = self._ssm[:, p_src]
 
     def check_integrity(self) -> None:
+        """Raise PoolIntegrityError if a page or slot is both free and live, or unaccounted for."""
         self.pages.check_integrity()
         self.state_slots.check_integrity()
