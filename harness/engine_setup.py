@@ -15,6 +15,9 @@ DEFAULT_LEVELS: dict[str, object] = {
     "pool": "static",
     "backend": "torch",
     "page_size": 1,
+    "prefill_budget": 128,
+    "deterministic": "on",
+    "poison": "off",
 }
 
 STATE_SLOTS = 256

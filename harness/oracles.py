@@ -49,6 +49,10 @@ class PassView:
     nan_events: list
     audit: list[str]
     dtype: torch.dtype
+    deterministic: bool = False
+    hybrid: bool = False
+    reference: list[RequestOutput] | None = None  # what this pass must equal bitwise (deterministic mode)
+    reference_name: str = ""                      # "solo" (each request alone) or "cold"
 
     def by_rid(self) -> dict[str, RequestOutput]:
         return {o.rid: o for o in self.outputs}
@@ -184,11 +188,53 @@ def pool_audit_oracle(views: Sequence[PassView]) -> Verdict:
                     lambda f: f"{len(f)} problem(s); first: {f[0]['workload']}/{f[0]['pass']}: {f[0]['problem']}")
 
 
+def _bitwise_difference(got: RequestOutput, want: RequestOutput) -> dict | None:
+    """First step where the two runs' logits (seen through logprobs and margins) differ in any bit."""
+    for step in range(min(len(got.tokens), len(want.tokens))):
+        pairs = (("token", got.tokens[step], want.tokens[step]), ("logprob", got.logprobs[step], want.logprobs[step]),
+                 ("margin", got.margins[step], want.margins[step]),
+                 ("top_logprobs", got.top_logprobs[step], want.top_logprobs[step]))
+        for what, a, b in pairs:
+            if a != b:
+                return {"step": step, "what": what, "expected": b, "got": a}
+    return None
+
+
+def batch_invariance_oracle(views: Sequence[PassView]) -> Verdict:
+    """Deterministic mode: a request's logits are bitwise equal alone vs in the batch, and cold vs warm.
+
+    A hybrid request that was preempted is exempt: its recompute replays decoded tokens
+    through the chunked SSD scan instead of the recurrent step, which no engine makes bitwise.
+    """
+    findings, checked, exempt = [], 0, 0
+    armed = [v for v in views if v.deterministic and v.reference is not None]
+    for view in armed:
+        reference = {o.rid: o for o in view.reference}
+        for out in view.outputs:
+            want = reference.get(out.rid)
+            if want is None or out.finish_reason != "length":
+                continue
+            if view.hybrid and (out.preemptions or want.preemptions):
+                exempt += 1
+                continue
+            checked += 1
+            diff = _bitwise_difference(out, want)
+            if diff:
+                findings.append({"workload": view.workload, "pass": view.name, "against": view.reference_name,
+                                 "request": out.rid, **diff})
+    if not armed:
+        return Verdict("batch_invariance", "skip", "deterministic mode is off")
+    return _verdict("batch_invariance", findings, f"{checked} requests bitwise invariant ({exempt} preempted, exempt)",
+                    lambda f: f"{len(f)} request(s) not bitwise invariant; first: {f[0]['workload']}/{f[0]['pass']} "
+                              f"vs {f[0]['against']} {f[0]['request']} step {f[0]['step']} ({f[0]['what']})")
+
+
 ORACLES: dict[str, Oracle] = {
     "tokens": tokens_oracle,
     "logprobs": logprobs_oracle,
     "nan": nan_oracle,
     "cached_tokens": cached_tokens_oracle,
+    "batch_invariance": batch_invariance_oracle,
     "completeness": completeness_oracle,
     "pool_audit": pool_audit_oracle,
 }

@@ -7,7 +7,7 @@ import time
 import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -58,16 +58,19 @@ class WorkloadRun:
 
     workload: Workload
     passes: dict[str, PassRecord]
+    solo: list[RequestOutput] | None  # deterministic mode: every request run alone (batch size 1)
     stats: EngineStats
     dtype: torch.dtype
     cache_enabled: bool
     hybrid: bool
+    deterministic: bool
     page_size: int
+    chunk_size: int  # the Mamba2 SSD chunk, which with the page size sets the snapshot grid
     seconds: float
 
 
 def run_workload(levels: Mapping[str, object], workload: Workload, faults: frozenset[str]) -> WorkloadRun:
-    """Run ``workload`` twice (cold, warm) on a fresh engine configured by ``levels``."""
+    """Run ``workload`` cold then warm on a fresh engine; in deterministic mode also each request alone."""
     config = build_engine_config(levels, workload, faults)
     started = time.perf_counter()
     engine = Engine(config)
@@ -76,9 +79,13 @@ def run_workload(levels: Mapping[str, object], workload: Workload, faults: froze
         seen = len(engine.nan_events)
         outputs = engine.generate(workload.requests)
         passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit())
+    solo = None
+    if config.deterministic:
+        solo = Engine(replace(config, max_running=1)).generate(workload.requests)
     return WorkloadRun(
-        workload, passes, engine.stats, config.dtype, config.cache is not NoCache,
-        config.model.is_hybrid, config.page_size, time.perf_counter() - started,
+        workload, passes, solo, engine.stats, config.dtype, config.cache is not NoCache,
+        config.model.is_hybrid, config.deterministic, config.page_size, config.model.mamba.chunk_size,
+        time.perf_counter() - started,
     )
 
 
@@ -127,13 +134,14 @@ def _views(run: WorkloadRun, golden: WorkloadRun) -> list[PassView]:
         record = run.passes[name]
         if run.cache_enabled:
             expected = run.workload.expected_cached(page_size=run.page_size, state_interval=STATE_INTERVAL,
-                                                    hybrid=run.hybrid, warm=name == "warm")
+                                                    hybrid=run.hybrid, warm=name == "warm", chunk_size=run.chunk_size)
         else:
             expected = {r.rid: CachedExpectation(0, 0, run.page_size) for r in run.workload.requests}
+        reference, reference_name = (run.solo, "solo") if name == "cold" else (run.passes["cold"].outputs, "cold")
         views.append(PassView(
             run.workload.name, name, record.outputs, golden.passes["cold"].outputs,
             {r.rid: r.max_new_tokens for r in run.workload.requests}, expected,
-            record.nan_events, record.audit, run.dtype,
+            record.nan_events, record.audit, run.dtype, run.deterministic, run.hybrid, reference, reference_name,
         ))
     return views
 

@@ -1,10 +1,12 @@
 """The engine: continuous batching, chunked prefill, prefix cache, eviction and preemption."""
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from reference_impl.batch_invariant import TILE
 from reference_impl.config import EngineConfig
 from reference_impl.model_runner import Chunk, ModelRunner, load_model
 from reference_impl.request import Phase, Request, RequestOutput, RequestSpec
@@ -56,7 +58,9 @@ class Engine:
             config.backend(config.page_size, deterministic=config.deterministic, faults=config.faults),
             config.page_size,
             config.topk,
+            config.deterministic,
         )
+        self.snapshot_grid = math.lcm(config.page_size, cfg.mamba.chunk_size)
         self.stats = EngineStats()
         self.running: list[Request] = []
         self._arrivals = 0
@@ -157,8 +161,10 @@ class Engine:
         chunks: list[Chunk] = []
         for req in self.running:
             if req.in_prefill and budget > 0:
-                chunks.append(self._chunk(req, budget))
-                budget -= chunks[-1].length
+                chunk = self._chunk(req, budget)
+                if chunk.length:
+                    chunks.append(chunk)
+                    budget -= chunk.length
 
         def try_admit(req: Request) -> Admission:
             nonlocal budget
@@ -166,8 +172,10 @@ class Engine:
                 return Admission.FULL
             if not self._admit(req):
                 return Admission.BLOCKED
-            chunks.append(self._chunk(req, budget))
-            budget -= chunks[-1].length
+            chunk = self._chunk(req, budget)
+            if chunk.length:  # a zero-length chunk (deterministic grid) starts next step
+                chunks.append(chunk)
+                budget -= chunk.length
             return Admission.ADMITTED
 
         if len(self.queue):
@@ -232,7 +240,15 @@ class Engine:
     def _chunk(self, req: Request, budget: int) -> Chunk:
         """The next prefill chunk of ``req`` (at most ``budget`` tokens), with its Mamba checkpoints."""
         start = req.num_computed
-        chunk = Chunk(req, start, min(req.seq_len - start, budget))
+        end = min(req.seq_len, start + budget)
+        if self.config.deterministic and end < req.seq_len:
+            # Cut only on the tile grid, so chunking never shows in the bits; a budget below
+            # one tile is rounded up to the next grid point for the step's first chunk.
+            aligned = end // TILE * TILE
+            if aligned <= start and budget == self.config.prefill_budget:
+                aligned = min(req.seq_len, (start // TILE + 1) * TILE)
+            end = max(aligned, start)
+        chunk = Chunk(req, start, end - start)
         if self.config.model.is_hybrid:
             for pos in self._checkpoint_positions(req, start, start + chunk.length):
                 slot = self._new_state_slot()
@@ -241,19 +257,22 @@ class Engine:
         return chunk
 
     def _checkpoint_positions(self, req: Request, start: int, end: int) -> list[int]:
-        """Page-aligned prompt positions in (start, end] where a Mamba snapshot is kept for the cache.
+        """Prompt positions in (start, end] where a Mamba snapshot is kept for the prefix cache.
 
-        Every ``state_interval`` tokens, at the prompt's last page boundary (what a longer prompt
-        resumes from) and at the last boundary before its final token (what the same prompt
-        resumes from, since a hit always leaves one token to compute).
+        Only on the snapshot grid (pages and SSD chunks both end there), so that resuming from a
+        snapshot never cuts the chunked scan where the uninterrupted run did not: every
+        ``state_interval`` tokens, at the prompt's last grid point (what a longer prompt resumes
+        from) and at the last grid point before its final token (what the same prompt resumes
+        from, since a hit always leaves one token to compute).
         """
+        grid = self.snapshot_grid
         prompt_len = len(req.spec.prompt)
-        ends = {prompt_len // self.page_size * self.page_size, (prompt_len - 1) // self.page_size * self.page_size}
+        ends = {prompt_len // grid * grid, (prompt_len - 1) // grid * grid}
         interval = self.config.state_interval
         return [
             pos
             for pos in range(start + 1, min(end, max(ends)) + 1)
-            if pos % self.page_size == 0 and (pos % interval == 0 or pos in ends)
+            if pos % grid == 0 and (pos % interval == 0 or pos in ends)
         ]
 
     def _finish(self, req: Request) -> None:
@@ -284,7 +303,7 @@ class Engine:
         """Recompute-style preemption: drop the request's memory and queue it again."""
         self._release(req)
         req.num_computed = 0
-        req.preemptions += 1
+        req.output.preemptions += 1
         req.phase = Phase.WAITING
         self.stats.preemptions += 1
         self.queue.push(req)

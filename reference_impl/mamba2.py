@@ -30,12 +30,16 @@ so a cached snapshot is never mutated by the request that resumes from it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from reference_impl import batch_invariant
+
+Linear = Callable[[Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +157,12 @@ def ssd_step(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, state: Tens
 
     Returns y (b, H, P) without D·x, and a new state (the input state is not modified).
     """
-    d_a = torch.exp(dt * A)[:, :, None, None]
+    d_a = batch_invariant.lane_aligned(torch.exp, dt * A)[:, :, None, None]
     d_bx = (x * dt[:, :, None])[:, :, :, None] * B[:, None, None, :]
     new_state = state * d_a + d_bx
-    return torch.einsum("bhpn,bn->bhp", new_state, C), new_state
+    # An explicit reduction over d_state, not an einsum: bmm's kernel (and its rounding)
+    # depends on the batch size, and a request's decode must not depend on its batch.
+    return (new_state * C[:, None, None, :]).sum(-1), new_state
 
 
 def _causal_conv(xbc: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
@@ -214,37 +220,51 @@ class Mamba2Mixer(nn.Module):
         self.norm_weight = param(torch.ones(cfg.d_inner))
         self.out_proj = param(normal((cfg.hidden, cfg.d_inner), 1.0 / math.sqrt(cfg.d_inner)))
 
-    def _project(self, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _project(self, hidden: Tensor, linear: Linear = F.linear) -> tuple[Tensor, Tensor, Tensor]:
         """in_proj of (..., hidden) -> z (..., d_inner), raw xBC (..., conv_dim), raw dt (..., nheads)."""
         cfg = self.cfg
-        return torch.split(F.linear(hidden, self.in_proj), [cfg.d_inner, cfg.conv_dim, cfg.nheads], dim=-1)
+        return torch.split(linear(hidden, self.in_proj), [cfg.d_inner, cfg.conv_dim, cfg.nheads], dim=-1)
 
     def _ssm_inputs(self, xbc: Tensor, dt_raw: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Split conv output into x (n, H, P), B, C (n, N) and compute Δ = softplus(dt + dt_bias)."""
         cfg = self.cfg
         x, B, C = torch.split(xbc, [cfg.d_inner, cfg.d_state, cfg.d_state], dim=-1)
         x = x.reshape(x.shape[0], cfg.nheads, cfg.head_dim)
-        return x, B, C, F.softplus(dt_raw + self.dt_bias)
+        return x, B, C, batch_invariant.lane_aligned(F.softplus, dt_raw + self.dt_bias)
 
-    def _output(self, y: Tensor, x: Tensor, z: Tensor) -> Tensor:
+    def _output(self, y: Tensor, x: Tensor, z: Tensor, linear: Linear = F.linear) -> Tensor:
         """Add D·x, apply gated RMSNorm rmsnorm(y · silu(z)) and out_proj: (n, H, P) -> (n, hidden)."""
         y = (y + self.D[:, None] * x).reshape(y.shape[0], self.cfg.d_inner)
         gated = y * F.silu(z)
         normed = gated * torch.rsqrt(gated.pow(2).mean(dim=-1, keepdim=True) + 1e-5) * self.norm_weight
-        return F.linear(normed, self.out_proj)
+        return linear(normed, self.out_proj)
 
     def _extend_piece(
         self, hidden: Tensor, conv_state: Tensor, ssm_state: Tensor, start_pos: int,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """The whole mixer over one piece (inside a single chunk) of one request."""
-        z, xbc_raw, dt_raw = self._project(hidden)
-        xbc, conv_state = _causal_conv(xbc_raw, conv_state, self.conv_weight, self.conv_bias)
+        """The whole mixer over one piece (inside a single chunk) of one request.
+
+        The piece is zero-padded to the end of its chunk and run at that fixed shape, with the
+        padded positions' Δ and x forced to 0 (so they leave the state untouched). Every
+        matmul and reduction then has the same shape whether the piece ends at the chunk end
+        or at a request's last token: a position's bits never depend on where its piece ends,
+        which is what lets two requests share cached K/V computed by either of them.
+        """
+        cfg = self.cfg
+        real = hidden.shape[0]
+        width = (start_pos // cfg.chunk_size + 1) * cfg.chunk_size - start_pos
+        padded = hidden.new_zeros(width, cfg.hidden)
+        padded[:real] = hidden
+        z, xbc_raw, dt_raw = self._project(padded)
+        xbc, _ = _causal_conv(xbc_raw, conv_state, self.conv_weight, self.conv_bias)
+        _, conv_state = _causal_conv(xbc_raw[:real], conv_state, self.conv_weight, self.conv_bias)
         x, B, C, dt = self._ssm_inputs(xbc, dt_raw)
+        x[real:], dt[real:] = 0.0, 0.0
         A = -torch.exp(self.A_log)
         y, ssm_state, _ = ssd_chunked_scan(
-            x, dt, A, B, C, chunk_size=self.cfg.chunk_size, initial_state=ssm_state, start_pos=start_pos,
+            x, dt, A, B, C, chunk_size=cfg.chunk_size, initial_state=ssm_state, start_pos=start_pos,
         )
-        return self._output(y, x, z), conv_state, ssm_state
+        return self._output(y, x, z)[:real], conv_state, ssm_state
 
     @torch.no_grad()
     def forward_extend(
@@ -278,15 +298,22 @@ class Mamba2Mixer(nn.Module):
         return ExtendResult(out=out, conv_state=conv, ssm_state=ssm, snapshots=snapshots)
 
     @torch.no_grad()
-    def forward_decode(self, hidden: Tensor, conv_state: Tensor, ssm_state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """One token for each of b requests: hidden (b, hidden) -> (out, new conv_state, new ssm_state)."""
+    def forward_decode(
+        self, hidden: Tensor, conv_state: Tensor, ssm_state: Tensor, *, deterministic: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One token for each of b requests: hidden (b, hidden) -> (out, new conv_state, new ssm_state).
+
+        ``deterministic`` projects each row on its own (batch_invariant.linear), so a request's
+        output does not depend on how many others decode with it.
+        """
+        linear = batch_invariant.linear if deterministic else F.linear
         cfg = self.cfg
         batch = hidden.shape[0]
         _check_shape("hidden", hidden, (batch, cfg.hidden))
         _check_shape("conv_state", conv_state, (batch, *cfg.conv_state_shape()))
         _check_shape("ssm_state", ssm_state, (batch, *cfg.ssm_state_shape()))
-        z, xbc_raw, dt_raw = self._project(hidden)
+        z, xbc_raw, dt_raw = self._project(hidden, linear)
         xbc, conv_state = _causal_conv(xbc_raw[:, None, :], conv_state, self.conv_weight, self.conv_bias)
         x, B, C, dt = self._ssm_inputs(xbc[:, 0, :], dt_raw)
         y, ssm_state = ssd_step(x, dt, -torch.exp(self.A_log), B, C, ssm_state)
-        return self._output(y, x, z), conv_state, ssm_state
+        return self._output(y, x, z, linear), conv_state, ssm_state

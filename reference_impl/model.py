@@ -14,11 +14,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from reference_impl import batch_invariant
 from reference_impl.config import ModelConfig
 from reference_impl.forward_batch import ForwardBatch
 from reference_impl.mamba2 import Mamba2Mixer
 
 NanSentinel = Callable[[str, torch.Tensor], None]
+Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def fast_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` through BLAS: fastest, but a row's bits depend on the batch's shape."""
+    return x @ weight.T
 
 
 def _init(shape: tuple[int, ...], gen: torch.Generator, gain: float = 1.0) -> nn.Parameter:
@@ -48,6 +55,8 @@ class LayerContext:
     pools: object
     backend: object
     sentinel: NanSentinel
+    linear: Linear
+    deterministic: bool
 
 
 class Attention(nn.Module):
@@ -64,16 +73,16 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
         cfg, batch = self.cfg, ctx.batch
-        q = (x @ self.wq.T).view(-1, cfg.num_heads, cfg.head_dim)
-        k = (x @ self.wk.T).view(-1, cfg.num_kv_heads, cfg.head_dim)
-        v = (x @ self.wv.T).view(-1, cfg.num_kv_heads, cfg.head_dim)
+        q = ctx.linear(x, self.wq).view(-1, cfg.num_heads, cfg.head_dim)
+        k = ctx.linear(x, self.wk).view(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = ctx.linear(x, self.wv).view(-1, cfg.num_kv_heads, cfg.head_dim)
         q = apply_rope(q, batch.positions, cfg.rope_theta)
         k = apply_rope(k, batch.positions, cfg.rope_theta)
         ctx.pools.write_kv(self.attn_layer, batch.out_cache_loc, k, v)
         k_view, v_view = ctx.pools.kv_views(self.attn_layer)
         out = ctx.backend.forward(q, k, v, k_view, v_view, batch)
         ctx.sentinel(f"attention[{self.attn_layer}]", out)
-        return out.reshape(-1, cfg.num_heads * cfg.head_dim) @ self.wo.T
+        return ctx.linear(out.reshape(-1, cfg.num_heads * cfg.head_dim), self.wo)
 
 
 class MambaLayer(nn.Module):
@@ -89,7 +98,7 @@ class MambaLayer(nn.Module):
         conv, ssm = ctx.pools.state_views(self.mamba_layer)
         slots = batch.state_slots
         if batch.is_decode:
-            out, conv_new, ssm_new = self.mixer.forward_decode(x, conv[slots], ssm[slots])
+            out, conv_new, ssm_new = self.mixer.forward_decode(x, conv[slots], ssm[slots], deterministic=ctx.deterministic)
             conv[slots], ssm[slots] = conv_new, ssm_new
             ctx.sentinel(f"mamba_state[{self.mamba_layer}]", ssm_new)
             return out
@@ -117,8 +126,8 @@ class MLP(nn.Module):
         self.w_up = _init((cfg.ffn, cfg.hidden), gen)
         self.w_down = _init((cfg.hidden, cfg.ffn), gen)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (nn.functional.silu(x @ self.w_gate.T) * (x @ self.w_up.T)) @ self.w_down.T
+    def forward(self, x: torch.Tensor, linear: Linear) -> torch.Tensor:
+        return linear(nn.functional.silu(linear(x, self.w_gate)) * linear(x, self.w_up), self.w_down)
 
 
 class Block(nn.Module):
@@ -133,7 +142,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: LayerContext, mlp: MLP) -> torch.Tensor:
         x = x + self.mixer(rms_norm(x, self.norm1, self.eps), ctx)
-        return x + mlp(rms_norm(x, self.norm2, self.eps))
+        return x + mlp(rms_norm(x, self.norm2, self.eps), ctx.linear)
 
 
 class TinyLM(nn.Module):
@@ -162,14 +171,21 @@ class TinyLM(nn.Module):
         self.to(device=device, dtype=dtype)
 
     @torch.no_grad()
-    def forward(self, batch: ForwardBatch, pools: object, backend: object, sentinel: NanSentinel) -> torch.Tensor:
+    def forward(
+        self, batch: ForwardBatch, pools: object, backend: object, sentinel: NanSentinel, *, deterministic: bool = False
+    ) -> torch.Tensor:
         """Hidden states (T, hidden) after the final norm, for every packed token of ``batch``."""
-        ctx = LayerContext(batch, pools, backend, sentinel)
+        ctx = LayerContext(batch, pools, backend, sentinel, linear_for(deterministic), deterministic)
         x = self.embed[batch.input_ids]
         for block, mlp in zip(self.blocks, self.mlps):
             x = block(x, ctx, mlp)
         return rms_norm(x, self.final_norm, self.cfg.rms_eps)
 
     @torch.no_grad()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.lm_head.T
+    def logits(self, hidden: torch.Tensor, *, deterministic: bool = False) -> torch.Tensor:
+        return linear_for(deterministic)(hidden, self.lm_head)
+
+
+def linear_for(deterministic: bool) -> Linear:
+    """The batch-invariant linear in deterministic mode, BLAS otherwise."""
+    return batch_invariant.linear if deterministic else fast_linear

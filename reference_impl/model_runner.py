@@ -45,8 +45,11 @@ class NanEvent:
 class ModelRunner:
     """Owns the model call; the only place where virtual ids are translated for the kernels."""
 
-    def __init__(self, model: TinyLM, pools: object, backend: object, page_size: int, topk: int) -> None:
+    def __init__(
+        self, model: TinyLM, pools: object, backend: object, page_size: int, topk: int, deterministic: bool
+    ) -> None:
         self.model = model
+        self.deterministic = deterministic
         self.pools = pools
         self.backend = backend
         self.page_size = page_size
@@ -85,10 +88,11 @@ class ModelRunner:
             qo_indptr.append(qo_indptr[-1] + chunk.length)
             kv_indptr.append(kv_indptr[-1] + end)
         to_state = self.pools.to_physical_state
+        virtual_loc = torch.cat(out_loc)
         return ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.long),
             positions=torch.cat(positions),
-            out_cache_loc=self.pools.to_physical(torch.cat(out_loc)),
+            out_cache_loc=self.pools.to_physical(virtual_loc),
             qo_indptr=qo_indptr,
             kv_indptr=kv_indptr,
             kv_indices=self.pools.to_physical(torch.cat(kv)),
@@ -96,6 +100,7 @@ class ModelRunner:
             state_slots=to_state([c.req.state_slot for c in chunks]) if chunks[0].req.state_slot is not None else [],
             checkpoints=[dict(zip(c.checkpoints, to_state(list(c.checkpoints.values())))) for c in chunks],
             is_decode=is_decode,
+            out_cache_loc_virtual=virtual_loc,
         )
 
     def run(self, chunks: list[Chunk], is_decode: bool) -> None:
@@ -105,11 +110,12 @@ class ModelRunner:
         device = next(iter(self.model.parameters())).device
         batch.input_ids, batch.positions = batch.input_ids.to(device), batch.positions.to(device)
         batch.out_cache_loc, batch.kv_indices = batch.out_cache_loc.to(device), batch.kv_indices.to(device)
-        hidden = self.model(batch, self.pools, self.backend, self._sentinel)
+        batch.out_cache_loc_virtual = batch.out_cache_loc_virtual.to(device)
+        hidden = self.model(batch, self.pools, self.backend, self._sentinel, deterministic=self.deterministic)
         sampling = [i for i, c in enumerate(chunks) if c.samples]
         if sampling:
             last = torch.tensor([batch.qo_indptr[i + 1] - 1 for i in sampling], device=device)
-            logits = self.model.logits(hidden[last]).float()
+            logits = self.model.logits(hidden[last], deterministic=self.deterministic).float()
             self._sentinel("logits", logits)
             self._sample([chunks[i].req for i in sampling], logits)
         for chunk in chunks:

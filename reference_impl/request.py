@@ -28,6 +28,7 @@ class RequestOutput:
     cached_tokens: int               # prompt tokens served from the prefix cache at first admission
     finish_reason: str               # "length" or "rejected"
     error: str = ""
+    preemptions: int = 0             # times the request was preempted and recomputed
 
 
 class Phase(Enum):
@@ -57,7 +58,6 @@ class Request:
     cache_node: object = None
     state_slot: int | None = None
     checkpoint_slots: dict[int, int] = field(default_factory=dict)  # position -> virtual state slot
-    preemptions: int = 0
 
     @property
     def rid(self) -> str:

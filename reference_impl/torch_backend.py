@@ -5,6 +5,7 @@ import math
 
 import torch
 
+from reference_impl import batch_invariant
 from reference_impl.forward_batch import ForwardBatch
 
 
@@ -34,7 +35,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_l
 class TorchBackend:
     """Two-stage semantics: prefix K/V read from the pool, the new tokens' K/V from the inputs.
 
-    One request at a time, so a request's result never depends on the rest of the batch.
+    One request at a time. Deterministic mode also fixes each query's reduction by its
+    absolute position (``batch_invariant.causal_attention``), so chunking and cache hits
+    cannot change a bit; otherwise a request's keys go through one einsum of whatever shape.
     """
 
     name = "torch"
@@ -42,6 +45,7 @@ class TorchBackend:
     def __init__(self, page_size: int, *, deterministic: bool = True, faults: frozenset[str] = frozenset()) -> None:
         self.page_size = page_size
         self.deterministic = deterministic
+        self._attend = batch_invariant.causal_attention if deterministic else causal_attention
 
     def forward(
         self,
@@ -61,5 +65,5 @@ class TorchBackend:
             slots = batch.kv_indices[kv0 : kv0 + prefix]
             keys = torch.cat([gather_pages(k_view, slots, self.page_size), k[q0:q1]])
             values = torch.cat([gather_pages(v_view, slots, self.page_size), v[q0:q1]])
-            out[q0:q1] = causal_attention(q[q0:q1], keys, values, prefix)
+            out[q0:q1] = self._attend(q[q0:q1], keys, values, prefix)
         return out

@@ -5,7 +5,6 @@ import itertools
 import math
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -81,13 +80,11 @@ def test_ilp_covers_every_allowed_tuple(space: tuple[list[int], int, Forbid]) ->
 
 
 @pytest.mark.parametrize(("t", "bound"), [(2, 16), (3, 48)])
-def test_reference_set_reaches_lower_bound_quickly(t: int, bound: int) -> None:
-    start = time.perf_counter()
+def test_reference_set_reaches_lower_bound(t: int, bound: int) -> None:
+    """Speed is measured in benchmarks/bench_covering.py, never asserted here."""
     rows = covering.covering_array(REFERENCE, t, lambda row: True)
-    seconds = time.perf_counter() - start
     assert covering.lower_bound(REFERENCE, t) == bound
     assert len(rows) == bound
-    assert seconds < 2.0, f"t={t} took {seconds:.2f}s"
 
 
 def test_reference_set_is_identical_across_processes() -> None:
@@ -151,10 +148,8 @@ def test_a_construction_that_misses_is_never_returned(monkeypatch: pytest.Monkey
 def test_greedy_scales_past_the_ilp_limit() -> None:
     domains = [4, 4, 4, 4, 4, 4, 4]  # 16,384 candidate rows: above ILP_MAX_ROWS
     assert math.prod(domains) > covering.ILP_MAX_ROWS
-    start = time.perf_counter()
     rows = covering.covering_array(domains, 2, lambda row: True)
     assert covering.missing_tuples(rows, domains, 2, lambda row: True) == []
-    assert time.perf_counter() - start < 10.0
 
 
 def test_a_space_too_large_to_enumerate_is_refused_not_hung() -> None:

@@ -34,8 +34,31 @@ def baseline() -> list[RequestOutput]:
 
 
 def test_every_oracle_passes_on_identical_results() -> None:
-    verdicts = judge([view(baseline())])
+    verdicts = judge([view(baseline(), deterministic=True, reference=baseline(), reference_name="solo")])
     assert {name: v.status for name, v in verdicts.items()} == {name: "pass" for name in ORACLES}
+
+
+def test_batch_invariance_is_skipped_when_deterministic_mode_is_off() -> None:
+    assert ORACLES["batch_invariance"]([view(baseline(), reference=baseline())]).status == "skip"
+
+
+def test_batch_invariance_fails_on_one_bit() -> None:
+    outs = baseline()
+    outs[1].logprobs[3] = float.fromhex(outs[1].logprobs[3].hex()) + 2**-40  # one ulp-scale change
+    v = ORACLES["batch_invariance"]([view(outs, deterministic=True, reference=baseline(), reference_name="solo")])
+    assert v.status == "fail"
+    assert v.detail[0] | {"got": None} == {"workload": "w", "pass": "warm", "against": "solo", "request": "b",
+                                            "step": 3, "what": "logprob", "expected": -0.5, "got": None}
+
+
+def test_batch_invariance_exempts_preempted_hybrid_requests_only() -> None:
+    outs = baseline()
+    outs[0].margins[0] += 1e-3
+    outs[0].preemptions = 1
+    hybrid = ORACLES["batch_invariance"]([view(outs, deterministic=True, hybrid=True, reference=baseline())])
+    dense = ORACLES["batch_invariance"]([view(outs, deterministic=True, hybrid=False, reference=baseline())])
+    assert hybrid.status == "pass" and "1 preempted" in hybrid.message
+    assert dense.status == "fail"
 
 
 def test_tokens_fails_with_request_step_expected_got() -> None:
