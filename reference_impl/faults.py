@@ -38,7 +38,35 @@ PRIORITY_SCHEDULER_DROP = Fault(
     ),
 )
 
-FAULTS: dict[str, Fault] = {fault.name: fault for fault in (PRIORITY_SCHEDULER_DROP,)}
+UNIFIED_EXTEND_VIRTUAL_LOC = Fault(
+    name="unified_extend_virtual_loc",
+    incident="SGLang #33517: unified pool × Triton backend × deterministic inference read extend KV by a virtual id",
+    triggers={"pool": ("unified",), "backend": ("triton",), "deterministic": ("on",)},
+    oracle="logprobs",
+    doc=(
+        "Deterministic mode routes Triton extend to the single-stage kernel that reads the new "
+        "tokens' K/V back from the pool; it is handed the untranslated (virtual) out_cache_loc while "
+        "the prefix indices are physical. Any two of the three factors are fine: the static pool's "
+        "ids are physical, the two-stage kernel reads new K/V from its inputs, torch has no such kernel."
+    ),
+)
+
+UNIFIED_NO_ZERO_ON_ISSUE = Fault(
+    name="unified_no_zero_on_issue",
+    incident="SGLang #33974 root cause 1: the unified pool does not zero a recycled page when it is issued",
+    triggers={"pool": ("unified",), "poison": ("on",), "backend": ("triton",), "page_size": (16,)},
+    oracle="nan",
+    doc=(
+        "A re-issued page keeps its old bytes (NaN under poison) in the tail slots the request has "
+        "not written yet; the Triton kernels read whole pages and mask with arithmetic, and "
+        "NaN × 0 = NaN. Static pools, the torch backend (reads exactly seq_len slots), poison off "
+        "(no NaN to leak) and page_size 1 (no tail) never show it."
+    ),
+)
+
+FAULTS: dict[str, Fault] = {
+    fault.name: fault for fault in (PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE)
+}
 
 
 class UnknownFaultError(ValueError):

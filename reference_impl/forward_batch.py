@@ -25,6 +25,7 @@ class ForwardBatch:
     state_slots: list[int]         # physical Mamba state slot per request (hybrid models)
     checkpoints: list[dict[int, int]]  # per request: absolute position -> physical slot to snapshot into
     is_decode: bool                # every request adds exactly one token after a prefix
+    out_cache_loc_virtual: torch.Tensor | None = None  # the untranslated slots, kept only to model missed translations
 
     @property
     def batch_size(self) -> int:

@@ -30,21 +30,30 @@ COMPONENTS: dict[str, dict[str, str]] = {
     },
     "pool": {
         "static": "reference_impl.kv_pool:StaticPools",
+        "unified": "reference_impl.unified_pool:UnifiedPool",
     },
     "backend": {
         "torch": "reference_impl.torch_backend:TorchBackend",
+        "triton": "reference_impl.triton_backend:TritonBackend",
     },
+}
+
+#: factors that switch an engine behaviour on or off.
+SWITCH_FACTORS: dict[str, dict[str, bool]] = {
+    "deterministic": {"off": False, "on": True},
+    "poison": {"off": False, "on": True},
 }
 
 #: factors whose levels are plain values, with the type each level must have.
 VALUE_FACTORS: dict[str, type] = {
-    "page_size": int,
+    "page_size": int,       # tokens per KV page (vLLM block_size)
+    "prefill_budget": int,  # tokens per chunked-prefill step (vLLM max_num_batched_tokens)
 }
 
 
 def known_factors() -> list[str]:
     """Every factor a matrix file may name, in a stable order."""
-    return sorted([*COMPONENTS, *VALUE_FACTORS])
+    return sorted([*COMPONENTS, *VALUE_FACTORS, *SWITCH_FACTORS])
 
 
 def import_path(path: str) -> Any:
@@ -69,6 +78,10 @@ def check_level(factor: str, level: object) -> None:
         if not isinstance(level, kind) or isinstance(level, bool) or (kind is int and level <= 0):
             raise UnknownLevelError(f"level {level!r} of {factor!r} must be a positive {kind.__name__}")
         return
+    if factor in SWITCH_FACTORS:
+        if level not in SWITCH_FACTORS[factor]:
+            raise UnknownLevelError(f"level {level!r} of {factor!r} must be one of: off, on")
+        return
     if factor not in COMPONENTS:
         raise KeyError(factor)
     if not isinstance(level, str):
@@ -79,9 +92,11 @@ def check_level(factor: str, level: object) -> None:
 
 
 def resolve(factor: str, level: object) -> Any:
-    """The implementation behind ``factor=level`` (a value factor's level is returned as is)."""
+    """The implementation behind ``factor=level`` (a value factor's level as is, a switch as a bool)."""
     check_level(factor, level)
     if factor in VALUE_FACTORS:
         return level
+    if factor in SWITCH_FACTORS:
+        return SWITCH_FACTORS[factor][level]
     assert isinstance(level, str)
     return import_path(COMPONENTS[factor].get(level, level))
