@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from reference_impl.batch_invariant import TILE
 from reference_impl.config import EngineConfig
+from reference_impl.launch_audit import AUDIT_KV_BYTES, int32_overflow_risks
 from reference_impl.model_runner import Chunk, ModelRunner, load_model
 from reference_impl.request import Phase, Request, RequestOutput, RequestSpec
 from reference_impl.scheduler import Admission
@@ -88,7 +89,7 @@ class Engine:
         return outputs
 
     def audit(self) -> list[str]:
-        """Integrity problems of the idle engine: leaks, double ownership, stale reads."""
+        """Integrity problems of the idle engine: leaks, double ownership, stale reads, wrapping offsets."""
         problems = list(self.runner.stale_reads)
         checks = [self.pools.check_integrity, self.cache.check_integrity]
         for check in checks:
@@ -96,6 +97,9 @@ class Engine:
                 check()
             except AssertionError as exc:
                 problems.append(str(exc))
+        launches = getattr(self.runner.backend, "launches", None)
+        if launches:
+            problems.extend(int32_overflow_risks(launches, AUDIT_KV_BYTES // self.pools.bytes_per_page))
         if self.running or len(self.queue):
             problems.append(f"engine not idle: {len(self.running)} running, {len(self.queue)} waiting")
         pages_accounted = self.pools.num_free_pages + self.cache.cached_pages()

@@ -42,7 +42,7 @@ UNIFIED_EXTEND_VIRTUAL_LOC = Fault(
     name="unified_extend_virtual_loc",
     incident="SGLang #33517: unified pool × Triton backend × deterministic inference read extend KV by a virtual id",
     triggers={"pool": ("unified",), "backend": ("triton",), "deterministic": ("on",)},
-    oracle="logprobs",
+    oracle="tokens",
     doc=(
         "Deterministic mode routes Triton extend to the single-stage kernel that reads the new "
         "tokens' K/V back from the pool; it is handed the untranslated (virtual) out_cache_loc while "
@@ -54,18 +54,33 @@ UNIFIED_EXTEND_VIRTUAL_LOC = Fault(
 UNIFIED_NO_ZERO_ON_ISSUE = Fault(
     name="unified_no_zero_on_issue",
     incident="SGLang #33974 root cause 1: the unified pool does not zero a recycled page when it is issued",
-    triggers={"pool": ("unified",), "poison": ("on",), "backend": ("triton",), "page_size": (16,)},
+    triggers={"pool": ("unified",), "poison": ("on",), "backend": ("triton",), "page_size": (2, 4, 8, 16, 32, 64)},
     oracle="nan",
     doc=(
         "A re-issued page keeps its old bytes (NaN under poison) in the tail slots the request has "
         "not written yet; the Triton kernels read whole pages and mask with arithmetic, and "
         "NaN × 0 = NaN. Static pools, the torch backend (reads exactly seq_len slots), poison off "
-        "(no NaN to leak) and page_size 1 (no tail) never show it."
+        "(no NaN to leak) and page_size 1 (no tail: every page is full) never show it."
+    ),
+)
+
+SLOT_STRIDE_INT32 = Fault(
+    name="slot_stride_int32",
+    incident="SGLang #33974 root cause 2: slot × stride folded into int32 wraps once ids grow under load",
+    triggers={"pool": ("unified",), "backend": ("triton",)},
+    oracle="pool_audit",
+    doc=(
+        "The Triton kernels compute page × page_stride in 32-bit arithmetic. Exact on a test-sized "
+        "pool; the launch-geometry audit (reference_impl.launch_audit) finds that at a 24 GiB KV "
+        "budget the unified pool's envelope stride (every layer per page) wraps past 2**31 while "
+        "every static layout still fits: unified-only and load-only, as in the seed. The torch "
+        "backend does no such arithmetic."
     ),
 )
 
 FAULTS: dict[str, Fault] = {
-    fault.name: fault for fault in (PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE)
+    fault.name: fault
+    for fault in (PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE, SLOT_STRIDE_INT32)
 }
 
 

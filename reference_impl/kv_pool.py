@@ -185,6 +185,12 @@ class StaticPools:
         poison_rows_(self._conv, 1, index)
         poison_rows_(self._ssm, 1, index)
 
+    @property
+    def bytes_per_page(self) -> int:
+        """K and V bytes of one page across every attention layer (what a page costs the budget)."""
+        layers, _, page_size, heads, dim = self._k.shape
+        return 2 * layers * page_size * heads * dim * self._k.element_size()
+
     # -- KV pages ---------------------------------------------------------------------
     def kv_views(self, attn_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one attention layer as (num_pages, page_size, kv_heads, head_dim) physical views."""

@@ -16,49 +16,18 @@ Kernels run compiled on CUDA and under Triton's interpreter on CPU (see ``triton
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
 from reference_impl.forward_batch import ForwardBatch
+from reference_impl.launch_audit import LaunchGeometry, int32_overflow_risks  # noqa: F401 (re-exported)
 from reference_impl.triton_decode import decode_attention
 from reference_impl.triton_extend import extend_attention
 from reference_impl.triton_kernels import INTERPRETED
 
 #: streaming multiprocessors assumed under the interpreter, so the split heuristic behaves like a small GPU.
 INTERPRETER_CORES = 16
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchGeometry:
-    """Index geometry of a pool-reading kernel: largest page id read × page stride (elements), and offset width."""
-
-    kernel: str
-    max_index: int
-    stride: int
-    index_bits: int
-
-
-def int32_overflow_risks(launches: Iterable[LaunchGeometry], capacity_pages: int | None = None) -> list[str]:
-    """One message per kernel whose 32-bit offset arithmetic can wrap (SGLang #33974 root cause 2).
-
-    The page id checked is the largest seen, or the pool's last page when ``capacity_pages``
-    is given (load pushes page ids there, so a short test run would not see it).
-    """
-    risks = []
-    for launch in launches:
-        if launch.index_bits != 32:
-            continue
-        page = launch.max_index if capacity_pages is None else max(launch.max_index, capacity_pages - 1)
-        if page * launch.stride >= 2**31:
-            first = -(-(2**31) // launch.stride)
-            risks.append(
-                f"{launch.kernel}: page {page} × page stride {launch.stride} = {page * launch.stride} ≥ 2**31 "
-                f"with 32-bit offsets: from page {first} on, offsets wrap onto other pages' bytes or out of the pool; "
-                "promote the page id to int64 before multiplying by the stride"
-            )
-    return risks
 
 
 class PageAlignmentError(ValueError):

@@ -366,6 +366,11 @@ class UnifiedPool:
         """K and V of one attention layer, (num_pages, page_size, kv_heads, head_dim) strided views by physical page."""
         return self._kv[attn_layer]
 
+    @property
+    def bytes_per_page(self) -> int:
+        """One page envelope: K and V of every attention layer."""
+        return self.layout.envelope
+
     def to_physical(self, slots: torch.Tensor) -> torch.Tensor:
         """Virtual token slots → physical token slots; -1 stays -1. The one KV handoff point (#33517)."""
         keep = slots >= 0

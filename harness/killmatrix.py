@@ -1,0 +1,77 @@
+"""Fault checks: inject one fault, run a matrix, compare the failing cells with the fault's triggers.
+
+A fault is caught exactly when the cells that fail are the cells whose factor levels trigger
+it, and on each of those the oracle the fault names has failed (or the cell errored, for a
+fault whose symptom is a crash). This is the test of the oracles themselves, and the raw
+material of the kill matrix (fault × generation mode → detected, cells, seconds).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from harness.engine_setup import engine_levels
+from harness.matrix import MatrixSpec, generate
+from harness.runner import CellResult, GoldenRuns, run_cell
+from reference_impl.faults import FAULTS
+
+
+@dataclass(frozen=True, slots=True)
+class FaultCheck:
+    """How one injected fault showed on one matrix."""
+
+    fault: str
+    cells: int
+    triggered: frozenset[str]
+    failed: frozenset[str]
+    seen_by_oracle: frozenset[str]
+    seconds: float
+
+    @property
+    def missed(self) -> frozenset[str]:
+        """Trigger cells that passed: the matrix is blind to the fault there."""
+        return self.triggered - self.failed
+
+    @property
+    def spurious(self) -> frozenset[str]:
+        """Failing cells the fault cannot reach: an oracle cries wolf, or the fault leaks."""
+        return self.failed - self.triggered
+
+    @property
+    def wrong_oracle(self) -> frozenset[str]:
+        """Trigger cells that failed, but not through the oracle the fault names."""
+        return (self.triggered & self.failed) - self.seen_by_oracle
+
+    @property
+    def exact(self) -> bool:
+        return not (self.missed or self.spurious or self.wrong_oracle)
+
+    @property
+    def detected(self) -> bool:
+        return bool(self.triggered & self.seen_by_oracle)
+
+
+def _seen(result: CellResult, oracle: str) -> bool:
+    if oracle == "error":
+        return result.status == "error"
+    verdict = result.oracles.get(oracle)
+    return verdict is not None and verdict.status == "fail"
+
+
+def check_fault(spec: MatrixSpec, fault_name: str, goldens: GoldenRuns | None = None) -> FaultCheck:
+    """Run every cell of ``spec`` with ``fault_name`` injected and sort the cells."""
+    fault = FAULTS[fault_name]
+    goldens = goldens if goldens is not None else GoldenRuns()
+    started = time.perf_counter()
+    triggered, failed, seen = set(), set(), set()
+    cells = generate(spec)
+    for cell in cells:
+        result = run_cell(spec, cell, faults=frozenset({fault_name}), goldens=goldens)
+        if fault.triggered_by(engine_levels(cell.as_dict())):
+            triggered.add(cell.cell_id)
+        if result.status in ("fail", "error"):
+            failed.add(cell.cell_id)
+        if _seen(result, fault.oracle):
+            seen.add(cell.cell_id)
+    return FaultCheck(fault_name, len(cells), frozenset(triggered), frozenset(failed), frozenset(seen),
+                      time.perf_counter() - started)

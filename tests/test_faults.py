@@ -1,0 +1,72 @@
+"""Every registered fault fails exactly its trigger cells, through the oracle it names, and nothing else."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.killmatrix import check_fault
+from harness.matrix import load_matrix
+from harness.runner import GoldenRuns
+from reference_impl.faults import FAULTS
+
+#: pool × backend × deterministic × poison around every unified-pool and Triton fault, on the
+#: cheapest workload that has a cold→warm hit and a page re-issued with an unwritten tail.
+KERNEL_FAULTS = """
+[matrix]
+name = "kernel_faults"
+mode = "full"
+workloads = ["pair"]
+
+[factors]
+model = ["dense"]
+pool = ["static", "unified"]
+backend = ["torch", "triton"]
+deterministic = ["off", "on"]
+poison = ["off", "on"]
+cache = ["device"]
+page_size = [16]
+"""
+
+SCHEDULER_FAULTS = """
+[matrix]
+name = "scheduler_faults"
+mode = "full"
+workloads = ["burst"]
+
+[factors]
+model = ["dense", "hybrid"]
+scheduler = ["fcfs", "priority"]
+cache = ["off", "device"]
+page_size = [16]
+"""
+
+MATRIX_OF = {
+    "priority_scheduler_drop": SCHEDULER_FAULTS,
+    "unified_extend_virtual_loc": KERNEL_FAULTS,
+    "unified_no_zero_on_issue": KERNEL_FAULTS,
+    "slot_stride_int32": KERNEL_FAULTS,
+}
+
+
+@pytest.fixture(scope="module")
+def goldens() -> GoldenRuns:
+    return GoldenRuns()
+
+
+def test_every_fault_has_a_check() -> None:
+    assert set(MATRIX_OF) == set(FAULTS)
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_fault_fails_exactly_its_trigger_cells(fault: str, tmp_path: Path, goldens: GoldenRuns) -> None:
+    text = MATRIX_OF[fault]
+    name = text.split('name = "')[1].split('"')[0]
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    check = check_fault(load_matrix(str(path)), fault, goldens)
+    assert check.triggered, "the matrix has no trigger cell for this fault"
+    assert check.triggered != set(), check
+    assert not check.missed, f"{fault} went unseen on {sorted(check.missed)}"
+    assert not check.spurious, f"{fault} failed cells it cannot reach: {sorted(check.spurious)}"
+    assert not check.wrong_oracle, f"{fault} not seen by {FAULTS[fault].oracle} on {sorted(check.wrong_oracle)}"
