@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kvmatrix-installed
 REPORT_DIR ?= reports/out
 PYTEST_WORKERS ?= auto
 
-.PHONY: matrix test bench clean
+.PHONY: matrix test bench gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# wheels scripts/gpu-check installs on a GPU machine that lacks them (Python 3.12, x86-64)
+gpu-wheels:
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl jinja2==3.1.6 markupsafe==3.0.3
 
 clean:
 	rm -rf $(REPORT_DIR) .pytest_cache .hypothesis

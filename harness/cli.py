@@ -68,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     store = ResultsStore(Path(args.report_dir), info)
     done = store.start(args.resume, {c.cell_id for c in cells})
     configure_torch()
-    goldens = GoldenRuns()
+    goldens = GoldenRuns(args.device)
     started = time.perf_counter()
     for i, cell in enumerate(cells, 1):
         if cell.cell_id in done:
@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--report-dir", default=str(DEFAULT_REPORT_DIR), help="where results.jsonl, summary.json, index.html go")
     run.add_argument("--resume", action="store_true", help="keep finished cells of the same run in --report-dir")
     run.add_argument("--shard", metavar="I/N", help="run only shard I of N (1-based)")
+    run.add_argument("--device", default="cpu", help="torch device of every pool and model (cuda: compiled Triton)")
     sub.add_parser("faults", help="list the injectable faults")
     return parser
 

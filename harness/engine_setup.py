@@ -29,8 +29,10 @@ def engine_levels(levels: Mapping[str, object]) -> dict[str, object]:
     return {**DEFAULT_LEVELS, **levels}
 
 
-def build_engine_config(levels: Mapping[str, object], workload: Workload, faults: frozenset[str]) -> EngineConfig:
-    """Resolve every factor through the registry and size the pools for ``workload``."""
+def build_engine_config(
+    levels: Mapping[str, object], workload: Workload, faults: frozenset[str], device: str = "cpu"
+) -> EngineConfig:
+    """Resolve every factor through the registry and size the pools for ``workload`` on ``device``."""
     full = engine_levels(levels)
     resolved = {factor: registry.resolve(factor, level) for factor, level in full.items()}
     page_size = resolved.pop("page_size")
@@ -41,4 +43,5 @@ def build_engine_config(levels: Mapping[str, object], workload: Workload, faults
         num_state_slots=STATE_SLOTS,
         state_interval=STATE_INTERVAL,
         faults=faults,
+        device=device,
     )

@@ -69,9 +69,11 @@ class WorkloadRun:
     seconds: float
 
 
-def run_workload(levels: Mapping[str, object], workload: Workload, faults: frozenset[str]) -> WorkloadRun:
+def run_workload(
+    levels: Mapping[str, object], workload: Workload, faults: frozenset[str], device: str = "cpu"
+) -> WorkloadRun:
     """Run ``workload`` cold then warm on a fresh engine; in deterministic mode also each request alone."""
-    config = build_engine_config(levels, workload, faults)
+    config = build_engine_config(levels, workload, faults, device)
     started = time.perf_counter()
     engine = Engine(config)
     passes = {}
@@ -90,9 +92,10 @@ def run_workload(levels: Mapping[str, object], workload: Workload, faults: froze
 
 
 class GoldenRuns:
-    """Golden runs, computed once per (golden levels, workload) and reused by every cell."""
+    """Golden runs, computed once per (golden levels, workload) on one device and reused by every cell."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
         self._runs: dict[tuple, WorkloadRun] = {}
         self.computed = 0
         self.reused = 0
@@ -102,7 +105,7 @@ class GoldenRuns:
         if key in self._runs:
             self.reused += 1
         else:
-            self._runs[key] = run_workload(levels, workload, frozenset())
+            self._runs[key] = run_workload(levels, workload, frozenset(), self.device)
             self.computed += 1
         return self._runs[key]
 
@@ -164,7 +167,7 @@ def _metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, 
 
 
 def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: GoldenRuns) -> CellResult:
-    """Run and judge one cell; an exception or a timeout becomes status ``error`` with its traceback."""
+    """Run and judge one cell on the goldens' device; an exception or a timeout becomes ``error``."""
     levels = cell.as_dict()
     golden_levels = {**spec.golden, **spec.golden_of(cell).as_dict()}
     cell_is_golden = not faults and engine_levels(levels) == engine_levels(golden_levels)
@@ -179,7 +182,7 @@ def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: G
                 before = time.perf_counter()
                 golden = goldens.get(golden_levels, workload)
                 golden_seconds += time.perf_counter() - before
-                run = golden if cell_is_golden else run_workload(levels, workload, faults)
+                run = golden if cell_is_golden else run_workload(levels, workload, faults, goldens.device)
                 runs.append(run)
                 if run is not golden:
                     own_runs.append(run)
