@@ -66,3 +66,12 @@ def test_bad_matrix_is_a_usage_error(pytester: pytest.Pytester, tiny: Path) -> N
     result = pytester.runpytest("-m", "matrix", "--matrix", str(tiny))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*tiny.toml*schedular*unknown factor*"])
+
+
+def test_last_failed_reruns_only_the_failing_cell(pytester: pytest.Pytester, tiny: Path) -> None:
+    args = ("-m", "matrix", "--matrix", str(tiny), "-k", "page_size:16", "--inject-fault", "priority_scheduler_drop",
+            "--report-dir", str(pytester.path / "out"))
+    pytester.runpytest(*args).assert_outcomes(passed=1, failed=1, deselected=2)
+    rerun = pytester.runpytest(*args, "--lf")
+    rerun.assert_outcomes(failed=1)
+    rerun.stdout.fnmatch_lines(["*model:dense-scheduler:priority-page_size:16*"])
