@@ -1,4 +1,4 @@
-"""The command line: list a matrix, run it, list the faults. Exit 0 pass, 1 fail/error, 2 bad input."""
+"""The command line: list a matrix, run it, check faults on it, list them. Exit 0 pass, 1 fail, 2 bad input."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fixtures.workloads import WORKLOADS
+from harness.killmatrix import check_fault
 from harness.matrix import Cell, MatrixError, MatrixSpec, coverage, generate, load_matrix, lower_bound
 from harness.results import ResultsStore, RunInfo
 from harness.runner import GoldenRuns, configure_torch, run_cell
@@ -88,6 +89,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if summary["counts"]["fail"] or summary["counts"]["error"] else 0
 
 
+def cmd_kill(args: argparse.Namespace) -> int:
+    """Inject each fault in turn and say whether exactly its trigger cells failed, by its oracle."""
+    spec = load_spec(args.matrix, args.strength)
+    names = sorted(check_faults(args.fault or list(FAULTS)))
+    configure_torch()
+    goldens = GoldenRuns(args.device)
+    exact = True
+    for name in names:
+        check = check_fault(spec, name, goldens)
+        exact &= check.exact
+        verdict = "exact" if check.exact else "NOT EXACT"
+        if not check.triggered:
+            verdict += " (not exercised: no cell of this matrix triggers it)"
+        print(f"{name}: {verdict}; {len(check.triggered)} trigger cells of {check.cells}, {len(check.failed)} failed, "
+              f"{len(check.seen_by_oracle)} seen by {FAULTS[name].oracle}; {check.seconds:.1f}s", flush=True)
+        for label, cells in (("missed", check.missed), ("spurious", check.spurious), ("wrong oracle", check.wrong_oracle)):
+            for cell_id in sorted(cells):
+                print(f"  {label}: {cell_id}")
+    return 0 if exact else 1
+
+
 def cmd_faults(args: argparse.Namespace) -> int:
     for fault in FAULTS.values():
         triggers = " and ".join(f"{name} in {{{', '.join(map(str, levels))}}}" for name, levels in fault.triggers.items())
@@ -108,13 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="keep finished cells of the same run in --report-dir")
     run.add_argument("--shard", metavar="I/N", help="run only shard I of N (1-based)")
     run.add_argument("--device", default="cpu", help="torch device of every pool and model (cuda: compiled Triton)")
+    kill = sub.add_parser("kill", help="inject each fault and check it fails exactly its trigger cells")
+    kill.add_argument("--matrix", required=True, help="matrix name (matrices/NAME.toml) or path to a .toml file")
+    kill.add_argument("--strength", type=int, help="generate a t-wise covering array of this strength")
+    kill.add_argument("--fault", action="append", metavar="NAME", help="check only this fault (repeatable)")
+    kill.add_argument("--device", default="cpu", help="torch device of every pool and model")
     sub.add_parser("faults", help="list the injectable faults")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"list": cmd_list, "run": cmd_run, "faults": cmd_faults}
+    commands = {"list": cmd_list, "run": cmd_run, "kill": cmd_kill, "faults": cmd_faults}
     try:
         return commands[args.command](args)
     except (MatrixError, UnknownFaultError, UsageError) as exc:

@@ -112,3 +112,29 @@ def test_faults_lists_incident_and_triggers(capsys) -> None:
     assert main(["faults"]) == 0
     out = capsys.readouterr().out
     assert "priority_scheduler_drop" in out and "vLLM #49206" in out and "scheduler in {priority}" in out
+
+
+def test_kill_reports_an_exact_fault(tmp_path: Path, capsys) -> None:
+    path = write_matrix(tmp_path)
+    path.write_text(path.read_text().replace('["system_prompt"]', '["burst"]'))
+    assert main(["kill", "--matrix", str(path), "--fault", "priority_scheduler_drop"]) == 0
+    out = capsys.readouterr().out
+    assert "priority_scheduler_drop: exact; 1 trigger cells of 2, 1 failed, 1 seen by completeness" in out
+
+
+def test_kill_says_when_no_cell_triggers_the_fault(tmp_path: Path, capsys) -> None:
+    """The torch backend never runs the unified extend kernel: this matrix cannot exercise the fault."""
+    path = write_matrix(tmp_path, schedulers='["fcfs"]')
+    path.write_text(path.read_text().replace("page_size = [16]", 'page_size = [16]\npool = ["unified"]\nbackend = ["torch"]'))
+    assert main(["kill", "--matrix", str(path), "--fault", "unified_extend_virtual_loc"]) == 0
+    assert "not exercised" in capsys.readouterr().out
+
+
+def test_kill_exits_1_and_names_the_missed_cell(tmp_path: Path, capsys, monkeypatch) -> None:
+    from harness import cli
+    from harness.killmatrix import FaultCheck
+
+    missed = FaultCheck("priority_scheduler_drop", 2, frozenset({"a"}), frozenset(), frozenset(), 0.1)
+    monkeypatch.setattr(cli, "check_fault", lambda spec, name, goldens: missed)
+    assert main(["kill", "--matrix", str(write_matrix(tmp_path)), "--fault", "priority_scheduler_drop"]) == 1
+    assert "missed: a" in capsys.readouterr().out
