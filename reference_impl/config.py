@@ -67,6 +67,8 @@ class EngineConfig:
     deterministic: bool = True
     poison: bool = False
     faults: frozenset[str] = frozenset()
+    spec: type | None = None       # the proposer class (reference_impl.spec_*); None = plain decoding
+    num_draft_tokens: int = 3      # k: draft tokens proposed per verify step
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
 

@@ -10,6 +10,7 @@ from reference_impl.config import ModelConfig
 from reference_impl.forward_batch import ForwardBatch
 from reference_impl.model import TinyLM
 from reference_impl.request import Request
+from reference_impl.spec_verify import greedy_accept
 
 
 @lru_cache(maxsize=8)
@@ -26,6 +27,7 @@ class Chunk:
     start: int
     length: int
     checkpoints: dict[int, int] = field(default_factory=dict)  # position -> virtual state slot
+    draft: list[int] | None = None  # a verify chunk: the last token is followed by these draft tokens
 
     @property
     def samples(self) -> bool:
@@ -81,7 +83,7 @@ class ModelRunner:
         for chunk in chunks:
             req, end = chunk.req, chunk.start + chunk.length
             self._audit_pages(req)
-            ids.extend(req.all_tokens()[chunk.start : end])
+            ids.extend(req.all_tokens()[chunk.start : end] if chunk.draft is None else [req.all_tokens()[chunk.start], *chunk.draft])
             positions.append(torch.arange(chunk.start, end))
             out_loc.append(self._slots(req, chunk.start, end))
             kv.append(self._slots(req, 0, end))
@@ -101,6 +103,7 @@ class ModelRunner:
             checkpoints=[dict(zip(c.checkpoints, to_state(list(c.checkpoints.values())))) for c in chunks],
             is_decode=is_decode,
             out_cache_loc_virtual=virtual_loc,
+            verify=chunks[0].draft is not None,
         )
 
     def run(self, chunks: list[Chunk], is_decode: bool) -> None:
@@ -112,6 +115,10 @@ class ModelRunner:
         batch.out_cache_loc, batch.kv_indices = batch.out_cache_loc.to(device), batch.kv_indices.to(device)
         batch.out_cache_loc_virtual = batch.out_cache_loc_virtual.to(device)
         hidden = self.model(batch, self.pools, self.backend, self._sentinel, deterministic=self.deterministic)
+        if batch.verify:
+            self._verify(chunks, batch, hidden)
+            self.step += 1
+            return
         sampling = [i for i, c in enumerate(chunks) if c.samples]
         if sampling:
             last = torch.tensor([batch.qo_indptr[i + 1] - 1 for i in sampling], device=device)
@@ -121,6 +128,24 @@ class ModelRunner:
         for chunk in chunks:
             chunk.req.num_computed = chunk.start + chunk.length
         self.step += 1
+
+    def _verify(self, chunks: list[Chunk], batch: ForwardBatch, hidden: torch.Tensor) -> None:
+        """Greedy verification: emit the accepted drafts plus the bonus token, roll Mamba states back to match."""
+        logits = self.model.logits(hidden, deterministic=self.deterministic).float()
+        self._sentinel("logits", logits)
+        targets = logits.argmax(dim=-1).tolist()
+        for r, chunk in enumerate(chunks):
+            q0 = batch.qo_indptr[r]
+            accepted = greedy_accept(chunk.draft, targets[q0 : q0 + len(chunk.draft)])
+            self._sample([chunk.req] * (accepted + 1), logits[q0 : q0 + accepted + 1])
+            chunk.req.output.accepted.append(accepted)
+            chunk.req.output.drafted.append(len(chunk.draft))
+            chunk.req.num_computed = chunk.start + accepted + 1
+            for (layer, row), trail in batch.mamba_trail.items():
+                if row == r:
+                    conv, ssm = self.pools.state_views(layer)
+                    slot = batch.state_slots[r]
+                    conv[slot], ssm[slot] = trail[accepted]
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
         logprobs = torch.log_softmax(logits, dim=-1)

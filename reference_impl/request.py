@@ -29,6 +29,8 @@ class RequestOutput:
     finish_reason: str               # "length" or "rejected"
     error: str = ""
     preemptions: int = 0             # times the request was preempted and recomputed
+    accepted: list[int] = field(default_factory=list)  # per decode step: draft tokens accepted
+    drafted: list[int] = field(default_factory=list)   # per decode step: draft tokens proposed (0 = plain decode)
 
 
 class Phase(Enum):
