@@ -26,9 +26,11 @@ class EngineStats:
     steps: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
-    decode_forwards: int = 0      # target forward passes that decoded (plain or verify)
+    decode_forwards: int = 0      # request-steps of decode (plain or verify) target forwards
     emitted_tokens: int = 0       # tokens those decode passes emitted
     preemptions: int = 0
+    draft_full_hits: int = 0      # prefix hits that restored the draft state with the target's K/V
+    draft_partial_hits: int = 0   # prefix hits with the target's K/V but without the draft state
     forward_seconds: float = 0.0
 
 
@@ -43,7 +45,8 @@ class Engine:
         self.config = config
         cfg = config.model
         self.page_size = config.page_size
-        self.pools = config.pool(
+        self.proposer = config.spec() if config.spec is not None else NoProposer()
+        pools = config.pool(
             cfg,
             page_size=config.page_size,
             num_pages=config.num_pages,
@@ -53,6 +56,7 @@ class Engine:
             poison=config.poison,
             faults=config.faults,
         )
+        self.pools = self.proposer.wrap_pools(pools, config)
         free_state = (lambda slot: self.pools.free_state_slots([slot])) if cfg.is_hybrid else None
         self.cache = config.cache(config.page_size, self.pools.free_pages, free_state)
         self.queue = config.scheduler(config.faults)
@@ -63,8 +67,9 @@ class Engine:
             config.page_size,
             config.topk,
             config.deterministic,
+            self.proposer,
         )
-        self.proposer = config.spec() if config.spec is not None else NoProposer()
+        self.proposer.attach(self.runner)
         self.snapshot_grid = math.lcm(config.page_size, cfg.mamba.chunk_size)
         self.stats = EngineStats()
         self.running: list[Request] = []
@@ -156,7 +161,7 @@ class Engine:
         tokens = sum(c.length for c in chunks)
         if is_decode:
             self.stats.decode_tokens += tokens
-            self.stats.decode_forwards += 1
+            self.stats.decode_forwards += len(chunks)
             self.stats.emitted_tokens += sum(len(c.req.output.tokens) - before[c.req] for c in chunks)
             if self.proposer.speculative:
                 self._settle_verify(chunks, before)
@@ -213,7 +218,7 @@ class Engine:
     def _draft(self, req: Request) -> list[int]:
         """The proposer's draft for ``req``, never longer than the tokens it still needs past the bonus."""
         room = min(self.config.num_draft_tokens, req.spec.max_new_tokens - len(req.output.tokens) - 1)
-        return self.proposer.propose(req.all_tokens(), room)[:room] if room > 0 else []
+        return self.proposer.propose(req, room)[:room] if room > 0 else []
 
     def _settle_verify(self, chunks: list[Chunk], before: dict[Request, int]) -> None:
         """Check each verify step emitted accepted + 1 tokens; free the pages only rejected drafts used."""
@@ -252,6 +257,10 @@ class Engine:
         req.cache_node, req.cache_pages = match.node, list(match.pages)
         req.pages = [*match.pages, *self.pools.alloc_pages(new_pages)]
         req.num_computed = match.matched_tokens
+        full = self.proposer.full_hit(match.pages) if match.matched_tokens else None
+        if full is not None:
+            self.stats.draft_full_hits += full
+            self.stats.draft_partial_hits += not full
         if self.config.model.is_hybrid:
             req.state_slot = self._new_state_slot()
             if req.state_slot is None:
@@ -313,6 +322,7 @@ class Engine:
         snapshots = {pos: slot for pos, slot in req.checkpoint_slots.items() if pos <= aligned}
         result = self.cache.insert(req.spec.prompt[:aligned], req.pages[:n_pages], snapshots if self.config.model.is_hybrid else None)
         adopted = set(req.pages[:n_pages]) - set(result.unused_pages)
+        self.proposer.cached(sorted(adopted))
         req.pages = [p for p in req.pages if p not in adopted]
         req.checkpoint_slots = {pos: s for pos, s in req.checkpoint_slots.items() if s in result.unused_slots}
         self._release(req)

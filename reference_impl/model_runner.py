@@ -48,9 +48,11 @@ class ModelRunner:
     """Owns the model call; the only place where virtual ids are translated for the kernels."""
 
     def __init__(
-        self, model: TinyLM, pools: object, backend: object, page_size: int, topk: int, deterministic: bool
+        self, model: TinyLM, pools: object, backend: object, page_size: int, topk: int, deterministic: bool,
+        proposer: object,
     ) -> None:
         self.model = model
+        self.proposer = proposer
         self.deterministic = deterministic
         self.pools = pools
         self.backend = backend
@@ -70,6 +72,10 @@ class ModelRunner:
         positions = torch.arange(start, end)
         pages = torch.tensor(req.pages, dtype=torch.long)[positions // self.page_size]
         return pages * self.page_size + positions % self.page_size
+
+    def physical_slots(self, req: Request, start: int, end: int, pools: object) -> torch.Tensor:
+        """Physical slots of positions start..end-1 of ``req`` in ``pools`` (the draft pool's translation)."""
+        return pools.to_physical(self._slots(req, start, end))
 
     def _audit_pages(self, req: Request) -> None:
         """Record any page in the request's table that the allocator says is free (a stale read)."""
@@ -117,6 +123,7 @@ class ModelRunner:
         hidden = self.model(batch, self.pools, self.backend, self._sentinel, deterministic=self.deterministic)
         if batch.verify:
             self._verify(chunks, batch, hidden)
+            self.proposer.observe(chunks, batch.qo_indptr, hidden)
             self.step += 1
             return
         sampling = [i for i, c in enumerate(chunks) if c.samples]
@@ -127,6 +134,7 @@ class ModelRunner:
             self._sample([chunks[i].req for i in sampling], logits)
         for chunk in chunks:
             chunk.req.num_computed = chunk.start + chunk.length
+        self.proposer.observe(chunks, batch.qo_indptr, hidden)
         self.step += 1
 
     def _verify(self, chunks: list[Chunk], batch: ForwardBatch, hidden: torch.Tensor) -> None:

@@ -39,6 +39,7 @@ COMPONENTS: dict[str, dict[str, str]] = {
     "spec": {
         "none": "reference_impl.spec_ngram:NoProposer",
         "ngram": "reference_impl.spec_ngram:NgramProposer",
+        "draft": "reference_impl.spec_draft:DraftProposer",
     },
 }
 

@@ -60,6 +60,7 @@ class Request:
     cache_node: object = None
     state_slot: int | None = None
     checkpoint_slots: dict[int, int] = field(default_factory=dict)  # position -> virtual state slot
+    draft_tail: object = None      # spec=draft: the draft's hidden at the last computed position
 
     @property
     def rid(self) -> str:

@@ -1,21 +1,49 @@
-"""Proposers that need no model: ``none`` (plain decoding) and ``ngram`` (prompt lookup)."""
+"""Proposers that keep no state: ``none`` (plain decoding) and ``ngram`` (prompt lookup).
+
+Every proposer has the same hooks (the engine calls them whatever the spec level): a
+stateless one keeps the target pools as they are, needs nothing after a forward, and has no
+draft state for the prefix cache to keep or lose.
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from reference_impl.config import EngineConfig
 
-class NoProposer:
-    """spec = none: never drafts, so every decode step is a plain one-token step."""
+
+class StatelessProposer:
+    """The hooks of a proposer without draft state; subclasses define ``propose``."""
 
     name = "none"
     speculative = False
 
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+    def wrap_pools(self, pools: object, config: EngineConfig) -> object:
+        """No draft pool: the target pools as they are."""
+        return pools
+
+    def attach(self, runner: object) -> None:
+        """Nothing to run on the model runner."""
+
+    def observe(self, chunks: Sequence[object], qo_indptr: Sequence[int], hidden: object) -> None:
+        """No draft state to catch up after a target forward."""
+
+    def cached(self, pages: Sequence[int]) -> None:
+        """No draft state for the prefix cache to keep."""
+
+    def full_hit(self, pages: Sequence[int]) -> bool | None:
+        """No draft state: a hit is neither full nor partial."""
+        return None
+
+    def propose(self, req: object, k: int) -> list[int]:
         """No draft tokens."""
         return []
 
 
-class NgramProposer:
+class NoProposer(StatelessProposer):
+    """spec = none: never drafts, so every decode step is a plain one-token step."""
+
+
+class NgramProposer(StatelessProposer):
     """spec = ngram: the longest suffix n-gram seen earlier in the context proposes what followed it.
 
     n runs from ``max_n`` down to ``min_n``; among earlier occurrences the latest wins (vLLM's
@@ -28,9 +56,9 @@ class NgramProposer:
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
         self.min_n, self.max_n = min_n, max_n
 
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
-        """Up to ``k`` draft tokens continuing ``tokens``; empty when no suffix recurs."""
-        tokens = list(tokens)
+    def propose(self, req: object, k: int) -> list[int]:
+        """Up to ``k`` draft tokens continuing the request's tokens; empty when no suffix recurs."""
+        tokens = req.all_tokens()
         for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
             suffix = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):
