@@ -78,9 +78,25 @@ SLOT_STRIDE_INT32 = Fault(
     ),
 )
 
+DRAFT_STATE_NOT_CACHED = Fault(
+    name="draft_state_not_cached",
+    incident="SGLang #30393 (device-tier form): the radix cache keeps the target's KV but not the draft state",
+    triggers={"spec": ("draft",), "cache": ("device",)},
+    oracle="accept_length",
+    doc=(
+        "When a finished prompt's pages enter the prefix cache, the draft pool's K/V of those pages is "
+        "dropped; a later hit restores the target's K/V (tokens and cached_tokens stay right) while the "
+        "draft reads nothing where its context should be, so its proposals and the accept length collapse. "
+        "Stateless proposers (none, ngram) and cache=off never show it."
+    ),
+)
+
 FAULTS: dict[str, Fault] = {
     fault.name: fault
-    for fault in (PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE, SLOT_STRIDE_INT32)
+    for fault in (
+        PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE, SLOT_STRIDE_INT32,
+        DRAFT_STATE_NOT_CACHED,
+    )
 }
 
 
