@@ -47,7 +47,7 @@ class Engine:
         self.page_size = config.page_size
         self.proposer = config.spec() if config.spec is not None else NoProposer()
         pools = config.pool(
-            cfg,
+            self.proposer.pool_model(cfg),
             page_size=config.page_size,
             num_pages=config.num_pages,
             num_state_slots=config.num_state_slots,

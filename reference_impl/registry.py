@@ -40,6 +40,7 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "none": "reference_impl.spec_ngram:NoProposer",
         "ngram": "reference_impl.spec_ngram:NgramProposer",
         "draft": "reference_impl.spec_draft:DraftProposer",
+        "mtp": "reference_impl.spec_mtp:MtpProposer",
     },
 }
 

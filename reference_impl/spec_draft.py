@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from reference_impl import batch_invariant
-from reference_impl.config import EngineConfig
+from reference_impl.config import EngineConfig, ModelConfig
 from reference_impl.kv_pool import PoolIntegrityError
 from reference_impl.model_runner import Chunk, ModelRunner, load_model
 from reference_impl.request import Request
@@ -30,7 +30,6 @@ class MirroredPools:
     def __init__(self, target: object, draft: object) -> None:
         self.target = target
         self.draft = draft
-        self.lost: set[int] = set()  # live pages whose draft K/V was dropped (fault draft_state_not_cached)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.target, name)
@@ -49,7 +48,6 @@ class MirroredPools:
         pages = list(pages)
         self.target.free_pages(pages)
         self.draft.free_pages(pages)
-        self.lost.difference_update(pages)
 
     def check_integrity(self) -> None:
         """Both pools consistent, and the draft pool holds exactly the target's live pages."""
@@ -67,15 +65,21 @@ class DraftProposer:
     name = "draft"
     speculative = True
 
+    def pool_model(self, model: ModelConfig) -> ModelConfig:
+        """The target pool's layout: the target's own (the draft has a pool of its own)."""
+        return model
+
     def wrap_pools(self, pools: object, config: EngineConfig) -> MirroredPools:
         """Build the draft pool from the draft's own geometry and mirror it with ``pools``."""
         self.config = config
+        self.lost: set[int] = set()  # pages the cache adopted without their draft state (the fault)
         self.head: DraftHead = load_draft(load_model(config.model, config.device, config.dtype))
-        self.pools = MirroredPools(pools, config.pool(
+        mirrored = MirroredPools(pools, config.pool(
             self.head.cfg, page_size=config.page_size, num_pages=config.num_pages, num_state_slots=1,
             device=config.device, dtype=config.dtype, poison=config.poison, faults=config.faults,
         ))
-        return self.pools
+        self.kv_pool, self.kv_layer = mirrored.draft, 0
+        return mirrored
 
     def attach(self, runner: ModelRunner) -> None:
         """Remember the runner: the one place that translates the draft pool's virtual slots."""
@@ -89,12 +93,12 @@ class DraftProposer:
         det = self.runner.deterministic
         positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)]).to(x.device)
         q, k, v = self.head.qkv(x, positions, det)
-        draft_pool = self.pools.draft
-        k_view, v_view = draft_pool.kv_views(0)
+        draft_pool = self.kv_pool
+        k_view, v_view = draft_pool.kv_views(self.kv_layer)
         out, row = torch.empty_like(q), 0
         for req, start, n in zip(reqs, starts, lengths):
             if write:
-                draft_pool.write_kv(0, self.runner.physical_slots(req, start, start + n, draft_pool).to(x.device),
+                draft_pool.write_kv(self.kv_layer, self.runner.physical_slots(req, start, start + n, draft_pool).to(x.device),
                                     k[row : row + n], v[row : row + n])
             prefix = self.runner.physical_slots(req, 0, start, draft_pool).to(x.device)
             keys = torch.cat([gather_pages(k_view, prefix, self.config.page_size), k[row : row + n]])
@@ -134,14 +138,14 @@ class DraftProposer:
     def cached(self, pages: Sequence[int]) -> None:
         """The prefix cache adopted ``pages``; under the fault their draft K/V is not kept."""
         if DRAFT_STATE_NOT_CACHED in self.config.faults and pages:
-            draft_pool = self.pools.draft
+            draft_pool = self.kv_pool
             slots = torch.tensor([p * self.config.page_size + i for p in pages for i in range(self.config.page_size)])
             physical = draft_pool.to_physical(slots).to(self.head.embed.device)
-            k_view, _ = draft_pool.kv_views(0)
+            k_view, _ = draft_pool.kv_views(self.kv_layer)
             zeros = torch.zeros(len(slots), *k_view.shape[2:], dtype=k_view.dtype, device=k_view.device)
-            draft_pool.write_kv(0, physical, zeros, zeros)
-            self.pools.lost.update(pages)
+            draft_pool.write_kv(self.kv_layer, physical, zeros, zeros)
+            self.lost.update(pages)
 
     def full_hit(self, pages: Sequence[int]) -> bool:
         """Whether a radix hit on ``pages`` restores the draft state with the target's K/V."""
-        return not any(p in self.pools.lost for p in pages)
+        return not any(p in self.lost for p in pages)

@@ -1,4 +1,8 @@
-"""The EAGLE-like draft head ("sidecar"): fc(cat(embedding of t+1, target hidden at t)) → one layer → shared LM head.
+"""Draft heads: EAGLE-like ("sidecar") and DeepSeek MTP ("packed"), one layer each, sharing the target's head.
+
+EAGLE: fc(cat(embedding of t+1, target hidden at t)) → one attention layer of its own geometry.
+MTP: eh_proj(cat(norm(embedding of t+1), norm(hidden at t))) → one layer of the target's geometry,
+numbered ``num_layers`` (after the base layers), its K/V a tail layer of the target's pool.
 
 Nothing is trained: the weights derive from the target's, plus seeded noise, so the draft
 agrees with the target often but not always. Its single attention layer has its own
@@ -10,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from functools import lru_cache
 
 import torch
@@ -20,11 +23,11 @@ from reference_impl.config import ModelConfig
 from reference_impl.model import TinyLM, apply_rope, linear_for, rms_norm
 
 #: fraction of seeded noise mixed into every derived weight: agreement high, never perfect.
-DRAFT_NOISE = float(os.environ.get("KV_NOISE", "0.35"))
+DRAFT_NOISE = 0.35
 #: size (per coordinate, like the embeddings) of a fixed offset the fc adds to every draft input;
 #: the attention layer cancels it by averaging it back out of the earlier positions' values, so
 #: the draft is only as good as the K/V it reads (zeroed or stale K/V leave the offset in place).
-OFFSET = float(os.environ.get("KV_OFFSET", "2.0"))
+OFFSET = 2.0
 
 
 def draft_config(target: ModelConfig) -> ModelConfig:
@@ -36,12 +39,23 @@ def draft_config(target: ModelConfig) -> ModelConfig:
     )
 
 
+def mtp_config(target: ModelConfig) -> ModelConfig:
+    """The MTP layer's geometry: the target's own (its K/V is one more layer of the target's pool)."""
+    return dataclasses.replace(target, name=f"{target.name}-mtp", layer_types=("attention",), seed=target.seed + 2)
+
+
+def packed_config(target: ModelConfig) -> ModelConfig:
+    """The target's pool layout with the MTP layer's K/V as one more attention layer at the tail."""
+    return dataclasses.replace(target, layer_types=(*target.layer_types, "attention"))
+
+
 class DraftHead(nn.Module):
     """Draft hidden for each packed row from (next token, target-or-draft hidden), reading its own KV."""
 
-    def __init__(self, target: TinyLM) -> None:
+    def __init__(self, target: TinyLM, cfg: ModelConfig, normed_inputs: bool) -> None:
         super().__init__()
-        self.cfg = cfg = draft_config(target.cfg)
+        self.cfg = cfg
+        self.normed_inputs = normed_inputs
         gen = torch.Generator().manual_seed(cfg.seed)
         hidden, q_dim, kv_dim = cfg.hidden, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
 
@@ -57,7 +71,9 @@ class DraftHead(nn.Module):
         direction /= direction.norm()
         self.offset = nn.Parameter(direction * OFFSET * math.sqrt(hidden), requires_grad=False)
         # v carries each position's offset component; wo turns the heads' average of it into -offset.
-        self.wv = nn.Parameter(torch.outer(torch.eye(kv_dim)[0], direction), requires_grad=False)
+        kv_starts = torch.zeros(kv_dim)
+        kv_starts[:: cfg.head_dim] = 1.0
+        self.wv = nn.Parameter(torch.outer(kv_starts, direction), requires_grad=False)
         gain = math.sqrt(1.25 + OFFSET**2) / cfg.num_heads
         head_starts = torch.zeros(q_dim)
         head_starts[:: cfg.head_dim] = 1.0
@@ -68,8 +84,11 @@ class DraftHead(nn.Module):
 
     @torch.no_grad()
     def project(self, next_ids: torch.Tensor, hidden: torch.Tensor, deterministic: bool) -> torch.Tensor:
-        """The layer input fc(cat(embedding of the next token, hidden)) for each row."""
-        return linear_for(deterministic)(torch.cat([self.embed[next_ids], hidden], dim=-1), self.fc) + self.offset
+        """The layer input fc(cat(embedding of the next token, hidden)) for each row (both normed for MTP)."""
+        embedded = self.embed[next_ids]
+        if self.normed_inputs:
+            embedded, hidden = rms_norm(embedded, self.norm, self.cfg.rms_eps), rms_norm(hidden, self.norm, self.cfg.rms_eps)
+        return linear_for(deterministic)(torch.cat([embedded, hidden], dim=-1), self.fc) + self.offset
 
     @torch.no_grad()
     def qkv(self, x: torch.Tensor, positions: torch.Tensor, deterministic: bool) -> tuple[torch.Tensor, ...]:
@@ -94,5 +113,11 @@ class DraftHead(nn.Module):
 
 @lru_cache(maxsize=8)
 def load_draft(target: TinyLM) -> DraftHead:
-    """The seeded draft head of ``target``; read-only, shared by engines like the target."""
-    return DraftHead(target)
+    """The seeded EAGLE-like draft head of ``target``; read-only, shared by engines like the target."""
+    return DraftHead(target, draft_config(target.cfg), normed_inputs=False)
+
+
+@lru_cache(maxsize=8)
+def load_mtp(target: TinyLM) -> DraftHead:
+    """The seeded MTP layer of ``target``; read-only, shared by engines like the target."""
+    return DraftHead(target, mtp_config(target.cfg), normed_inputs=True)

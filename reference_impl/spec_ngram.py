@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from reference_impl.config import EngineConfig
+from reference_impl.config import EngineConfig, ModelConfig
 
 
 class StatelessProposer:
@@ -16,6 +16,10 @@ class StatelessProposer:
 
     name = "none"
     speculative = False
+
+    def pool_model(self, model: ModelConfig) -> ModelConfig:
+        """The target pool's layout: the target's own."""
+        return model
 
     def wrap_pools(self, pools: object, config: EngineConfig) -> object:
         """No draft pool: the target pools as they are."""

@@ -50,7 +50,7 @@ workloads = ["system_prompt"]
 
 [factors]
 model = ["dense", "hybrid"]
-spec = ["none", "ngram", "draft"]
+spec = ["none", "ngram", "draft", "mtp"]
 cache = ["off", "device"]
 page_size = [16]
 """
@@ -61,6 +61,7 @@ MATRIX_OF = {
     "unified_no_zero_on_issue": KERNEL_FAULTS,
     "slot_stride_int32": KERNEL_FAULTS,
     "draft_state_not_cached": SPEC_FAULTS,
+    "mtp_layer_index_oob": SPEC_FAULTS,
 }
 
 
