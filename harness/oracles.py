@@ -257,10 +257,14 @@ def accept_length_oracle(views: Sequence[PassView]) -> Verdict:
     cold = {v.workload: v.outputs for v in armed if v.name == "cold"}
     findings, means = [], []
     for view in armed:
-        got = _mean_or_one(view.outputs)
-        means.append(got)
-        references = [("golden", view.spec_reference)] + ([("cold", cold[view.workload])] if view.name == "warm" else [])
-        for against, outputs in references:
+        means.append(_mean_or_one(view.outputs))
+        references = [("golden", view.spec_reference)]
+        if view.name == "warm" and view.workload in cold:
+            references.append(("cold", cold[view.workload]))
+        for against, reference in references:
+            # only requests present on both sides: a lost request is completeness's finding, not this one's
+            outputs = [o for o in reference if o.rid in {o.rid for o in view.outputs}]
+            got = _mean_or_one([o for o in view.outputs if o.rid in {o.rid for o in reference}])
             want = _mean_or_one(outputs)
             if got < want * (1 - ACCEPT_TOLERANCE) or got > view.max_accept_length:
                 findings.append({
