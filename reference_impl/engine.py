@@ -205,7 +205,8 @@ class Engine:
         while True:
             decoding = [r for r in self.running if not r.in_prefill]
             drafts = {r: self._draft(r) for r in decoding}
-            need = {r: max(0, _ceil_div(r.num_computed + 1 + len(drafts[r]), self.page_size) - len(r.pages)) for r in decoding}
+            ends = {r: r.num_computed + 1 + len(drafts[r]) for r in decoding}
+            need = {r: max(0, _ceil_div(ends[r], self.page_size) - len(r.pages)) for r in decoding}
             if self._reserve_pages(sum(need.values())) or not decoding:
                 break
             self._preempt(self.queue.victim(self.running))
@@ -225,7 +226,8 @@ class Engine:
         for chunk in chunks:
             req = chunk.req
             emitted = len(req.output.tokens) - before[req]
-            assert emitted == req.output.accepted[-1] + 1, f"{req.rid}: emitted {emitted}, accepted {req.output.accepted[-1]}"
+            accepted = req.output.accepted[-1]
+            assert emitted == accepted + 1, f"{req.rid}: emitted {emitted}, accepted {accepted}"
             keep = _ceil_div(req.num_computed, self.page_size)
             self.pools.free_pages(req.pages[keep:])
             del req.pages[keep:]

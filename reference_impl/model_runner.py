@@ -89,7 +89,8 @@ class ModelRunner:
         for chunk in chunks:
             req, end = chunk.req, chunk.start + chunk.length
             self._audit_pages(req)
-            ids.extend(req.all_tokens()[chunk.start : end] if chunk.draft is None else [req.all_tokens()[chunk.start], *chunk.draft])
+            known = req.all_tokens()[chunk.start : end if chunk.draft is None else chunk.start + 1]
+            ids.extend([*known, *(chunk.draft or [])])
             positions.append(torch.arange(chunk.start, end))
             out_loc.append(self._slots(req, chunk.start, end))
             kv.append(self._slots(req, 0, end))

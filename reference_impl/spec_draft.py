@@ -53,16 +53,14 @@ class MirroredPools:
         """Both pools consistent, and the draft pool holds exactly the target's live pages."""
         self.target.check_integrity()
         self.draft.check_integrity()
-        if self.draft.num_free_pages != self.target.num_free_pages:
-            raise PoolIntegrityError(
-                f"draft pool pages leaked: {self.draft.num_free_pages} free vs {self.target.num_free_pages} in the target pool"
-            )
+        draft_free, target_free = self.draft.num_free_pages, self.target.num_free_pages
+        if draft_free != target_free:
+            raise PoolIntegrityError(f"draft pool pages leaked: {draft_free} free vs {target_free} in the target pool")
 
 
 class DraftProposer:
     """spec = draft: fc(cat(embedding of t+1, target hidden at t)) → one attention layer → shared LM head."""
 
-    name = "draft"
     speculative = True
 
     def pool_model(self, model: ModelConfig) -> ModelConfig:
@@ -89,18 +87,18 @@ class DraftProposer:
     def _layer(
         self, reqs: Sequence[Request], starts: Sequence[int], lengths: Sequence[int], x: torch.Tensor, write: bool
     ) -> torch.Tensor:
-        """The draft layer over rows ``x`` (lengths[r] rows of request r from starts[r]); prefix K/V from the draft pool."""
+        """The draft layer over rows ``x`` (lengths[r] rows of request r from starts[r]); prefix K/V from its pool."""
         det = self.runner.deterministic
         positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)]).to(x.device)
         q, k, v = self.head.qkv(x, positions, det)
-        draft_pool = self.kv_pool
-        k_view, v_view = draft_pool.kv_views(self.kv_layer)
+        pool, layer = self.kv_pool, self.kv_layer
+        k_view, v_view = pool.kv_views(layer)
         out, row = torch.empty_like(q), 0
         for req, start, n in zip(reqs, starts, lengths):
             if write:
-                draft_pool.write_kv(self.kv_layer, self.runner.physical_slots(req, start, start + n, draft_pool).to(x.device),
-                                    k[row : row + n], v[row : row + n])
-            prefix = self.runner.physical_slots(req, 0, start, draft_pool).to(x.device)
+                slots = self.runner.physical_slots(req, start, start + n, pool).to(x.device)
+                pool.write_kv(layer, slots, k[row : row + n], v[row : row + n])
+            prefix = self.runner.physical_slots(req, 0, start, pool).to(x.device)
             keys = torch.cat([gather_pages(k_view, prefix, self.config.page_size), k[row : row + n]])
             values = torch.cat([gather_pages(v_view, prefix, self.config.page_size), v[row : row + n]])
             out[row : row + n] = self._attend(q[row : row + n], keys, values, start)

@@ -87,7 +87,8 @@ class DraftHead(nn.Module):
         """The layer input fc(cat(embedding of the next token, hidden)) for each row (both normed for MTP)."""
         embedded = self.embed[next_ids]
         if self.normed_inputs:
-            embedded, hidden = rms_norm(embedded, self.norm, self.cfg.rms_eps), rms_norm(hidden, self.norm, self.cfg.rms_eps)
+            eps = self.cfg.rms_eps
+            embedded, hidden = rms_norm(embedded, self.norm, eps), rms_norm(hidden, self.norm, eps)
         return linear_for(deterministic)(torch.cat([embedded, hidden], dim=-1), self.fc) + self.offset
 
     @torch.no_grad()

@@ -18,7 +18,6 @@ MTP_LAYER_INDEX_OOB = "mtp_layer_index_oob"
 class MtpProposer(DraftProposer):
     """The draft proposer's catch-up and proposing, on the MTP layer and the target pool's tail layer."""
 
-    name = "mtp"
 
     def pool_model(self, model: ModelConfig) -> ModelConfig:
         """The target's layout plus one attention layer at the tail for the MTP layer's K/V."""

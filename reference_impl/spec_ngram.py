@@ -14,7 +14,6 @@ from reference_impl.config import EngineConfig, ModelConfig
 class StatelessProposer:
     """The hooks of a proposer without draft state; subclasses define ``propose``."""
 
-    name = "none"
     speculative = False
 
     def pool_model(self, model: ModelConfig) -> ModelConfig:
@@ -54,7 +53,6 @@ class NgramProposer(StatelessProposer):
     prompt-lookup proposer), and up to ``k`` tokens that followed it are the draft.
     """
 
-    name = "ngram"
     speculative = True
 
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
