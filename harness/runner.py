@@ -171,7 +171,7 @@ def _metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, 
 
 
 def _spec_metrics(runs: list[WorkloadRun]) -> dict[str, object]:
-    """Accept length over both passes of every workload, and decode tokens per target forward."""
+    """Accept length over both passes of every workload, decode tokens per target forward, draft-state hits."""
     outputs = [o for r in runs for p in r.passes.values() for o in p.outputs]
     stats = outputs_accept_stats(outputs)
     forwards = sum(r.stats.decode_forwards for r in runs)
@@ -179,6 +179,8 @@ def _spec_metrics(runs: list[WorkloadRun]) -> dict[str, object]:
         "mean_accept_length": stats.to_json()["mean_accept_length"],
         "accept": stats.to_json(),
         "decode_tokens_per_forward": round(sum(r.stats.emitted_tokens for r in runs) / forwards, 4) if forwards else None,
+        "draft_full_hits": sum(r.stats.draft_full_hits for r in runs),
+        "draft_partial_hits": sum(r.stats.draft_partial_hits for r in runs),
     }
 
 

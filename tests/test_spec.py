@@ -158,3 +158,21 @@ def test_spec_is_a_factor_whose_golden_is_none() -> None:
     assert spec_golden_levels({"spec": "none", "cache": "device"}, golden) is None
     assert spec_golden_levels({"spec": "mtp", "num_draft_tokens": 2, "cache": "device"}, golden) == {
         "cache": "off", "page_size": 1, "spec": "mtp", "num_draft_tokens": 2}
+
+
+def test_cell_metrics_report_accept_length_and_draft_state_hits(tmp_path) -> None:
+    from harness.matrix import generate, load_matrix
+    from harness.runner import GoldenRuns, run_cell
+
+    path = tmp_path / "m.toml"
+    path.write_text('[matrix]\nname = "m"\nmode = "full"\nworkloads = ["system_prompt"]\n'
+                    '[factors]\nspec = ["draft"]\ncache = ["device"]\npage_size = [16]\n')
+    spec = load_matrix(str(path))
+    (cell,) = generate(spec)
+    for faults, full in ((frozenset(), True), (frozenset({"draft_state_not_cached"}), False)):
+        result = run_cell(spec, cell, faults=faults, goldens=GoldenRuns())
+        metrics = result.metrics
+        if full:
+            assert 1.5 <= metrics["mean_accept_length"] <= 3.5
+        assert (metrics["draft_full_hits"] > 0, metrics["draft_partial_hits"] > 0) == (full, not full)
+        assert result.oracles["accept_length"].status == ("pass" if full else "fail")
