@@ -176,3 +176,18 @@ def test_cell_metrics_report_accept_length_and_draft_state_hits(tmp_path) -> Non
             assert 1.5 <= metrics["mean_accept_length"] <= 3.5
         assert (metrics["draft_full_hits"] > 0, metrics["draft_partial_hits"] > 0) == (full, not full)
         assert result.oracles["accept_length"].status == ("pass" if full else "fail")
+
+
+def test_engine_asserts_emitted_equals_accepted_plus_one(make_engine, monkeypatch) -> None:
+    from reference_impl.model_runner import ModelRunner
+
+    original = ModelRunner._verify
+
+    def miscount(self, chunks, batch, hidden):
+        original(self, chunks, batch, hidden)
+        chunks[0].req.output.accepted[-1] += 1  # an accounting bug: one more accepted than emitted
+
+    monkeypatch.setattr(ModelRunner, "_verify", miscount)
+    wl = load_workload("pair")
+    with pytest.raises(AssertionError, match="emitted"):
+        make_engine(wl, spec="draft").generate(wl.requests)
