@@ -259,10 +259,6 @@ class Engine:
         req.cache_node, req.cache_pages = match.node, list(match.pages)
         req.pages = [*match.pages, *self.pools.alloc_pages(new_pages)]
         req.num_computed = match.matched_tokens
-        full = self.proposer.full_hit(match.pages) if match.matched_tokens else None
-        if full is not None:
-            self.stats.draft_full_hits += full
-            self.stats.draft_partial_hits += not full
         if self.config.model.is_hybrid:
             req.state_slot = self._new_state_slot()
             if req.state_slot is None:
@@ -272,6 +268,10 @@ class Engine:
                 self.pools.copy_state(match.state_slot, req.state_slot)
             else:
                 self.pools.zero_state(req.state_slot)
+        full = self.proposer.full_hit(match.pages) if match.matched_tokens else None
+        if full is not None:
+            self.stats.draft_full_hits += full
+            self.stats.draft_partial_hits += not full
         if not req.admitted_once:
             req.output.cached_tokens = match.matched_tokens
             req.admitted_once = True
