@@ -18,6 +18,8 @@ DEFAULT_LEVELS: dict[str, object] = {
     "prefill_budget": 128,
     "deterministic": "on",
     "poison": "off",
+    "spec": "none",
+    "num_draft_tokens": 3,
 }
 
 STATE_SLOTS = 256

@@ -24,7 +24,8 @@ from reference_impl.registry import UnknownLevelError, check_level, known_factor
 #: golden level of each factor unless the file's ``[golden]`` table says otherwise.
 DEFAULT_GOLDEN: Mapping[str, object] = MappingProxyType(
     {"pool": "static", "backend": "torch", "cache": "off", "scheduler": "fcfs", "page_size": 1,
-     "prefill_budget": 128, "deterministic": "on", "poison": "off"}
+     "prefill_budget": 128, "deterministic": "on", "poison": "off",
+     "spec": "none"}
 )
 MODES = ("full", "t-wise", "ofat")
 DEFAULT_TIMEOUT_S = 600.0

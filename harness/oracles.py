@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from reference_impl.request import RequestOutput
+from reference_impl.spec_verify import outputs_accept_stats
 
 PASSES = ("cold", "warm")
 
@@ -21,6 +22,10 @@ TIE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.125, torch.float16: 0.02
 #: largest per-token logprob difference accepted against the golden run, per dtype.
 LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.02}
 MAX_FINDINGS = 5
+#: relative drop of the mean accept length (vs the golden configuration with the same spec
+#: algorithm, and warm vs cold) that fails a cell: greedy verification makes accept history a
+#: function of the tokens, so only near-tie flips in non-deterministic mode may move it at all.
+ACCEPT_TOLERANCE = 0.10
 
 
 @dataclass(slots=True)
@@ -53,6 +58,8 @@ class PassView:
     hybrid: bool = False
     reference: list[RequestOutput] | None = None  # what this pass must equal bitwise (deterministic mode)
     reference_name: str = ""                      # "solo" (each request alone) or "cold"
+    spec_reference: list[RequestOutput] | None = None  # golden levels with the cell's spec algorithm (spec cells)
+    max_accept_length: int = 1                     # k + 1: the most a verify step can emit
 
     def by_rid(self) -> dict[str, RequestOutput]:
         return {o.rid: o for o in self.outputs}
@@ -229,6 +236,49 @@ def batch_invariance_oracle(views: Sequence[PassView]) -> Verdict:
                               f"vs {f[0]['against']} {f[0]['request']} step {f[0]['step']} ({f[0]['what']})")
 
 
+def _mean_or_one(outputs: Sequence[RequestOutput]) -> float:
+    """Mean accept length, 1.0 (one token per step, as plain decoding) when nothing was verified."""
+    mean = outputs_accept_stats(outputs).mean_accept_length
+    return 1.0 if mean is None else mean
+
+
+def _movers(got: Sequence[RequestOutput], want: Sequence[RequestOutput]) -> list[dict]:
+    """The requests whose accept length dropped most against the reference, largest drop first."""
+    reference = {o.rid: o for o in want}
+    moved = [(_mean_or_one([reference[o.rid]]) - _mean_or_one([o]), o.rid) for o in got if o.rid in reference]
+    return [{"request": rid, "drop": round(drop, 4)} for drop, rid in sorted(moved, reverse=True)[:3] if drop > 0]
+
+
+def accept_length_oracle(views: Sequence[PassView]) -> Verdict:
+    """Spec cells: mean accept length holds against golden-with-this-spec and warm against cold, within bounds."""
+    armed = [v for v in views if v.spec_reference is not None]
+    if not armed:
+        return Verdict("accept_length", "skip", "no speculative decoding")
+    cold = {v.workload: v.outputs for v in armed if v.name == "cold"}
+    findings, means = [], []
+    for view in armed:
+        means.append(_mean_or_one(view.outputs))
+        references = [("golden", view.spec_reference)]
+        if view.name == "warm" and view.workload in cold:
+            references.append(("cold", cold[view.workload]))
+        for against, reference in references:
+            # only requests present on both sides: a lost request is completeness's finding, not this one's
+            outputs = [o for o in reference if o.rid in {o.rid for o in view.outputs}]
+            got = _mean_or_one([o for o in view.outputs if o.rid in {o.rid for o in reference}])
+            want = _mean_or_one(outputs)
+            if got < want * (1 - ACCEPT_TOLERANCE) or got > view.max_accept_length:
+                findings.append({
+                    "workload": view.workload, "pass": view.name, "against": against,
+                    "expected": round(want, 4), "got": round(got, 4), "max": view.max_accept_length,
+                    "histogram": outputs_accept_stats(view.outputs).to_json()["histogram"],
+                    "expected_histogram": outputs_accept_stats(outputs).to_json()["histogram"],
+                    "movers": _movers(view.outputs, outputs),
+                })
+    return _verdict("accept_length", findings, f"mean accept length {min(means):.3f}..{max(means):.3f} as expected",
+                    lambda f: f"{len(f)} pass(es) off; first: {f[0]['workload']}/{f[0]['pass']} vs {f[0]['against']}: "
+                              f"mean accept length {f[0]['got']} (expected {f[0]['expected']}, max {f[0]['max']})")
+
+
 ORACLES: dict[str, Oracle] = {
     "tokens": tokens_oracle,
     "logprobs": logprobs_oracle,
@@ -237,6 +287,7 @@ ORACLES: dict[str, Oracle] = {
     "batch_invariance": batch_invariance_oracle,
     "completeness": completeness_oracle,
     "pool_audit": pool_audit_oracle,
+    "accept_length": accept_length_oracle,
 }
 
 

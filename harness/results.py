@@ -59,8 +59,22 @@ def summarize(records: list[dict], info: RunInfo) -> dict:
         "counts": {status: counts.get(status, 0) for status in STATUSES},
         "oracle_failures": dict(sorted(oracle_failures.items())),
         "failing_cells": sorted(r["cell_id"] for r in records if r["status"] in ("fail", "error")),
+        "mean_accept_length": _accept_by_spec(records),
         "wall_seconds": round(time.time() - info.started, 2),
     }
+
+
+def _accept_by_spec(records: list[dict]) -> dict[str, dict[str, float]]:
+    """Mean accept length per spec algorithm and model, averaged over the cells that verified drafts."""
+    groups: dict[str, dict[str, list[float]]] = {}
+    for record in records:
+        mean = (record.get("metrics") or {}).get("mean_accept_length")
+        if mean is not None:
+            spec = str(record["factors"].get("spec", "none"))
+            model = str(record["factors"].get("model", "dense"))
+            groups.setdefault(spec, {}).setdefault(model, []).append(mean)
+    return {spec: {model: round(sum(v) / len(v), 4) for model, v in sorted(models.items())}
+            for spec, models in sorted(groups.items())}
 
 
 class ResultsStore:

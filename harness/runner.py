@@ -18,6 +18,7 @@ from harness.oracles import PASSES, PassView, Verdict, judge
 from reference_impl.engine import Engine, EngineStats
 from reference_impl.radix_cache import NoCache
 from reference_impl.request import RequestOutput
+from reference_impl.spec_verify import outputs_accept_stats
 
 
 class CellTimeout(Exception):
@@ -65,6 +66,7 @@ class WorkloadRun:
     hybrid: bool
     deterministic: bool
     page_size: int
+    num_draft_tokens: int
     chunk_size: int  # the Mamba2 SSD chunk, which with the page size sets the snapshot grid
     seconds: float
 
@@ -86,7 +88,8 @@ def run_workload(
         solo = Engine(replace(config, max_running=1)).generate(workload.requests)
     return WorkloadRun(
         workload, passes, solo, engine.stats, config.dtype, config.cache is not NoCache,
-        config.model.is_hybrid, config.deterministic, config.page_size, config.model.mamba.chunk_size,
+        config.model.is_hybrid, config.deterministic, config.page_size, config.num_draft_tokens,
+        config.model.mamba.chunk_size,
         time.perf_counter() - started,
     )
 
@@ -131,7 +134,7 @@ class CellResult:
         }
 
 
-def _views(run: WorkloadRun, golden: WorkloadRun) -> list[PassView]:
+def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | None) -> list[PassView]:
     views = []
     for name in PASSES:
         record = run.passes[name]
@@ -145,6 +148,7 @@ def _views(run: WorkloadRun, golden: WorkloadRun) -> list[PassView]:
             run.workload.name, name, record.outputs, golden.passes["cold"].outputs,
             {r.rid: r.max_new_tokens for r in run.workload.requests}, expected,
             record.nan_events, record.audit, run.dtype, run.deterministic, run.hybrid, reference, reference_name,
+            spec_golden.passes["cold"].outputs if spec_golden else None, run.num_draft_tokens + 1,
         ))
     return views
 
@@ -161,16 +165,40 @@ def _metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, 
         "cached_tokens_warm": sum(o.cached_tokens for r in runs for o in r.passes["warm"].outputs),
         "cached_tokens_cold": sum(o.cached_tokens for r in runs for o in r.passes["cold"].outputs),
         "preemptions": sum(r.stats.preemptions for r in runs),
-        "mean_accept_length": None,
+        **_spec_metrics(runs),
         "golden_reused": len(own_runs) < len(runs),
     }
+
+
+def _spec_metrics(runs: list[WorkloadRun]) -> dict[str, object]:
+    """Accept length over both passes of every workload, decode tokens per target forward, draft-state hits."""
+    outputs = [o for r in runs for p in r.passes.values() for o in p.outputs]
+    stats = outputs_accept_stats(outputs)
+    forwards = sum(r.stats.decode_forwards for r in runs)
+    return {
+        "mean_accept_length": stats.to_json()["mean_accept_length"],
+        "accept": stats.to_json(),
+        "decode_tokens_per_forward": round(sum(r.stats.emitted_tokens for r in runs) / forwards, 4) if forwards else None,
+        "draft_full_hits": sum(r.stats.draft_full_hits for r in runs),
+        "draft_partial_hits": sum(r.stats.draft_partial_hits for r in runs),
+    }
+
+
+def spec_golden_levels(levels: Mapping[str, object], golden_levels: Mapping[str, object]) -> dict[str, object] | None:
+    """The accept_length oracle's reference: golden levels with the cell's spec algorithm; None without spec."""
+    full = engine_levels(levels)
+    if full["spec"] == "none":
+        return None
+    return {**golden_levels, "spec": full["spec"], "num_draft_tokens": full["num_draft_tokens"]}
 
 
 def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: GoldenRuns) -> CellResult:
     """Run and judge one cell on the goldens' device; an exception or a timeout becomes ``error``."""
     levels = cell.as_dict()
     golden_levels = {**spec.golden, **spec.golden_of(cell).as_dict()}
+    spec_levels = spec_golden_levels(levels, golden_levels)
     cell_is_golden = not faults and engine_levels(levels) == engine_levels(golden_levels)
+    cell_is_spec_golden = not faults and spec_levels is not None and engine_levels(levels) == engine_levels(spec_levels)
     result = CellResult(cell.cell_id, spec.name, levels, "pass", faults=sorted(faults))
     started = time.perf_counter()
     golden_seconds = 0.0
@@ -181,12 +209,14 @@ def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: G
                 workload = load_workload(name)
                 before = time.perf_counter()
                 golden = goldens.get(golden_levels, workload)
+                spec_golden = goldens.get(spec_levels, workload) if spec_levels else None
                 golden_seconds += time.perf_counter() - before
-                run = golden if cell_is_golden else run_workload(levels, workload, faults, goldens.device)
+                reuse = golden if cell_is_golden else spec_golden if cell_is_spec_golden else None
+                run = reuse or run_workload(levels, workload, faults, goldens.device)
                 runs.append(run)
-                if run is not golden:
+                if run is not reuse:
                     own_runs.append(run)
-                views.extend(_views(run, golden))
+                views.extend(_views(run, golden, spec_golden))
             result.oracles = judge(views)
     except Exception as exc:  # a crashing cell is a finding, not the end of the run
         result.status = "error"

@@ -29,6 +29,10 @@ class ModelConfig:
     def num_layers(self) -> int:
         return len(self.layer_types)
 
+    def layer_kind(self, layer: int) -> str:
+        """``layer_types[layer]``, bounds-checked: a layer past the table (an MTP layer) is attention."""
+        return self.layer_types[layer] if 0 <= layer < self.num_layers else "attention"
+
     @property
     def attention_layers(self) -> tuple[int, ...]:
         """Model layer indices that hold attention, in order; their position is the KV-pool layer."""
@@ -67,6 +71,8 @@ class EngineConfig:
     deterministic: bool = True
     poison: bool = False
     faults: frozenset[str] = frozenset()
+    spec: type | None = None       # the proposer class (reference_impl.spec_*); None = plain decoding
+    num_draft_tokens: int = 3      # k: draft tokens proposed per verify step
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
 

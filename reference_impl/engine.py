@@ -12,6 +12,7 @@ from reference_impl.launch_audit import AUDIT_KV_BYTES, int32_overflow_risks
 from reference_impl.model_runner import Chunk, ModelRunner, load_model
 from reference_impl.request import Phase, Request, RequestOutput, RequestSpec
 from reference_impl.scheduler import Admission
+from reference_impl.spec_ngram import NoProposer
 
 
 class EngineStallError(RuntimeError):
@@ -25,7 +26,11 @@ class EngineStats:
     steps: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    decode_forwards: int = 0      # request-steps of decode (plain or verify) target forwards
+    emitted_tokens: int = 0       # tokens those decode passes emitted
     preemptions: int = 0
+    draft_full_hits: int = 0      # prefix hits that restored the draft state with the target's K/V
+    draft_partial_hits: int = 0   # prefix hits with the target's K/V but without the draft state
     forward_seconds: float = 0.0
 
 
@@ -40,8 +45,9 @@ class Engine:
         self.config = config
         cfg = config.model
         self.page_size = config.page_size
-        self.pools = config.pool(
-            cfg,
+        self.proposer = config.spec() if config.spec is not None else NoProposer()
+        pools = config.pool(
+            self.proposer.pool_model(cfg),
             page_size=config.page_size,
             num_pages=config.num_pages,
             num_state_slots=config.num_state_slots,
@@ -50,6 +56,7 @@ class Engine:
             poison=config.poison,
             faults=config.faults,
         )
+        self.pools = self.proposer.wrap_pools(pools, config)
         free_state = (lambda slot: self.pools.free_state_slots([slot])) if cfg.is_hybrid else None
         self.cache = config.cache(config.page_size, self.pools.free_pages, free_state)
         self.queue = config.scheduler(config.faults)
@@ -60,7 +67,9 @@ class Engine:
             config.page_size,
             config.topk,
             config.deterministic,
+            self.proposer,
         )
+        self.proposer.attach(self.runner)
         self.snapshot_grid = math.lcm(config.page_size, cfg.mamba.chunk_size)
         self.stats = EngineStats()
         self.running: list[Request] = []
@@ -144,13 +153,18 @@ class Engine:
             chunks = self._schedule_decode()
         if not chunks:
             return False
+        before = {c.req: len(c.req.output.tokens) for c in chunks}
         started = time.perf_counter()
-        self.runner.run(chunks, is_decode)
+        self.runner.run(chunks, is_decode and not self.proposer.speculative)
         self.stats.forward_seconds += time.perf_counter() - started
         self.stats.steps += 1
         tokens = sum(c.length for c in chunks)
         if is_decode:
             self.stats.decode_tokens += tokens
+            self.stats.decode_forwards += len(chunks)
+            self.stats.emitted_tokens += sum(len(c.req.output.tokens) - before[c.req] for c in chunks)
+            if self.proposer.speculative:
+                self._settle_verify(chunks, before)
         else:
             self.stats.prefill_tokens += tokens
         for chunk in chunks:
@@ -187,16 +201,36 @@ class Engine:
         return chunks
 
     def _schedule_decode(self) -> list[Chunk]:
-        """One token for every running request, taking pages (evicting, then preempting) as needed."""
+        """The last token (plus its drafts) of every running request, taking pages (evicting, then preempting)."""
         while True:
             decoding = [r for r in self.running if not r.in_prefill]
-            need = [r for r in decoding if r.num_computed % self.page_size == 0]
-            if self._reserve_pages(len(need)) or not decoding:
+            drafts = {r: self._draft(r) for r in decoding}
+            ends = {r: r.num_computed + 1 + len(drafts[r]) for r in decoding}
+            need = {r: max(0, _ceil_div(ends[r], self.page_size) - len(r.pages)) for r in decoding}
+            if self._reserve_pages(sum(need.values())) or not decoding:
                 break
             self._preempt(self.queue.victim(self.running))
-        for req in need:
-            req.pages.extend(self.pools.alloc_pages(1))
-        return [Chunk(req, req.num_computed, 1) for req in decoding]
+        for req in decoding:
+            req.pages.extend(self.pools.alloc_pages(need[req]))
+        if not self.proposer.speculative:
+            return [Chunk(req, req.num_computed, 1) for req in decoding]
+        return [Chunk(req, req.num_computed, 1 + len(drafts[req]), draft=drafts[req]) for req in decoding]
+
+    def _draft(self, req: Request) -> list[int]:
+        """The proposer's draft for ``req``, never longer than the tokens it still needs past the bonus."""
+        room = min(self.config.num_draft_tokens, req.spec.max_new_tokens - len(req.output.tokens) - 1)
+        return self.proposer.propose(req, room)[:room] if room > 0 else []
+
+    def _settle_verify(self, chunks: list[Chunk], before: dict[Request, int]) -> None:
+        """Check each verify step emitted accepted + 1 tokens; free the pages only rejected drafts used."""
+        for chunk in chunks:
+            req = chunk.req
+            emitted = len(req.output.tokens) - before[req]
+            accepted = req.output.accepted[-1]
+            assert emitted == accepted + 1, f"{req.rid}: emitted {emitted}, accepted {accepted}"
+            keep = _ceil_div(req.num_computed, self.page_size)
+            self.pools.free_pages(req.pages[keep:])
+            del req.pages[keep:]
 
     # -- memory -------------------------------------------------------------------------
     def _reserve_pages(self, n: int) -> bool:
@@ -234,6 +268,10 @@ class Engine:
                 self.pools.copy_state(match.state_slot, req.state_slot)
             else:
                 self.pools.zero_state(req.state_slot)
+        full = self.proposer.full_hit(match.pages) if match.matched_tokens else None
+        if full is not None:
+            self.stats.draft_full_hits += full
+            self.stats.draft_partial_hits += not full
         if not req.admitted_once:
             req.output.cached_tokens = match.matched_tokens
             req.admitted_once = True
@@ -286,6 +324,7 @@ class Engine:
         snapshots = {pos: slot for pos, slot in req.checkpoint_slots.items() if pos <= aligned}
         result = self.cache.insert(req.spec.prompt[:aligned], req.pages[:n_pages], snapshots if self.config.model.is_hybrid else None)
         adopted = set(req.pages[:n_pages]) - set(result.unused_pages)
+        self.proposer.cached(sorted(adopted))
         req.pages = [p for p in req.pages if p not in adopted]
         req.checkpoint_slots = {pos: s for pos, s in req.checkpoint_slots.items() if s in result.unused_slots}
         self._release(req)

@@ -78,9 +78,37 @@ SLOT_STRIDE_INT32 = Fault(
     ),
 )
 
+DRAFT_STATE_NOT_CACHED = Fault(
+    name="draft_state_not_cached",
+    incident="SGLang #30393 (device-tier form): the radix cache keeps the target's KV but not the draft state",
+    triggers={"spec": ("draft", "mtp"), "cache": ("device",)},
+    oracle="accept_length",
+    doc=(
+        "When a finished prompt's pages enter the prefix cache, the draft pool's K/V of those pages is "
+        "dropped; a later hit restores the target's K/V (tokens and cached_tokens stay right) while the "
+        "draft reads nothing where its context should be, so its proposals and the accept length collapse. "
+        "Stateless proposers (none, ngram) and cache=off never show it."
+    ),
+)
+
+MTP_LAYER_INDEX_OOB = Fault(
+    name="mtp_layer_index_oob",
+    incident="vLLM #49642: the MTP layer's index (num_layers) used on a per-layer table of length num_layers",
+    triggers={"spec": ("mtp",)},
+    oracle="error",
+    doc=(
+        "Loading the MTP layer looks its layer kind up in the model's per-layer table without the bounds "
+        "check: index num_layers is one past the end, an IndexError at load, so the cell is an error. "
+        "Only spec=mtp has a layer past the base layers; every model here has the per-layer table."
+    ),
+)
+
 FAULTS: dict[str, Fault] = {
     fault.name: fault
-    for fault in (PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE, SLOT_STRIDE_INT32)
+    for fault in (
+        PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE, SLOT_STRIDE_INT32,
+        DRAFT_STATE_NOT_CACHED, MTP_LAYER_INDEX_OOB,
+    )
 }
 
 

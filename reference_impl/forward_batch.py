@@ -1,7 +1,7 @@
 """ForwardBatch: what one model step reads, in physical ids, packed CSR-style like SGLang."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,9 @@ class ForwardBatch:
     checkpoints: list[dict[int, int]]  # per request: absolute position -> physical slot to snapshot into
     is_decode: bool                # every request adds exactly one token after a prefix
     out_cache_loc_virtual: torch.Tensor | None = None  # the untranslated slots, kept only to model missed translations
+    verify: bool = False           # speculative verify step: the last token plus drafts, Mamba stepped token by token
+    #: verify steps: (mamba layer, request) -> (conv, ssm) state after each of its tokens, for exact rollback
+    mamba_trail: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:

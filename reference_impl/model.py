@@ -97,6 +97,8 @@ class MambaLayer(nn.Module):
         batch = ctx.batch
         conv, ssm = ctx.pools.state_views(self.mamba_layer)
         slots = batch.state_slots
+        if batch.verify:
+            return self._verify(x, ctx, conv, ssm)
         if batch.is_decode:
             out, conv_new, ssm_new = self.mixer.forward_decode(x, conv[slots], ssm[slots], deterministic=ctx.deterministic)
             conv[slots], ssm[slots] = conv_new, ssm_new
@@ -114,6 +116,22 @@ class MambaLayer(nn.Module):
             for pos, (snap_conv, snap_ssm) in res.snapshots.items():
                 conv[checkpoints[pos]], ssm[checkpoints[pos]] = snap_conv, snap_ssm
             ctx.sentinel(f"mamba_state[{self.mamba_layer}]", res.ssm_state)
+        return out
+
+    def _verify(self, x: torch.Tensor, ctx: LayerContext, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+        """Verify step: the recurrent step token by token (the bits a plain decode gets), keeping every state."""
+        batch = ctx.batch
+        out = torch.empty_like(x)
+        for r, slot in enumerate(batch.state_slots):
+            trail = batch.mamba_trail.setdefault((self.mamba_layer, r), [])
+            for row in range(batch.qo_indptr[r], batch.qo_indptr[r + 1]):
+                res, conv_new, ssm_new = self.mixer.forward_decode(
+                    x[row : row + 1], conv[[slot]], ssm[[slot]], deterministic=ctx.deterministic
+                )
+                out[row] = res[0]
+                conv[slot], ssm[slot] = conv_new[0], ssm_new[0]
+                trail.append((conv_new[0].clone(), ssm_new[0].clone()))
+            ctx.sentinel(f"mamba_state[{self.mamba_layer}]", ssm[slot])
         return out
 
 

@@ -10,6 +10,7 @@ from reference_impl.config import ModelConfig
 from reference_impl.forward_batch import ForwardBatch
 from reference_impl.model import TinyLM
 from reference_impl.request import Request
+from reference_impl.spec_verify import greedy_accept
 
 
 @lru_cache(maxsize=8)
@@ -26,6 +27,7 @@ class Chunk:
     start: int
     length: int
     checkpoints: dict[int, int] = field(default_factory=dict)  # position -> virtual state slot
+    draft: list[int] | None = None  # a verify chunk: the last token is followed by these draft tokens
 
     @property
     def samples(self) -> bool:
@@ -46,9 +48,11 @@ class ModelRunner:
     """Owns the model call; the only place where virtual ids are translated for the kernels."""
 
     def __init__(
-        self, model: TinyLM, pools: object, backend: object, page_size: int, topk: int, deterministic: bool
+        self, model: TinyLM, pools: object, backend: object, page_size: int, topk: int, deterministic: bool,
+        proposer: object,
     ) -> None:
         self.model = model
+        self.proposer = proposer
         self.deterministic = deterministic
         self.pools = pools
         self.backend = backend
@@ -69,6 +73,10 @@ class ModelRunner:
         pages = torch.tensor(req.pages, dtype=torch.long)[positions // self.page_size]
         return pages * self.page_size + positions % self.page_size
 
+    def physical_slots(self, req: Request, start: int, end: int, pools: object) -> torch.Tensor:
+        """Physical slots of positions start..end-1 of ``req`` in ``pools`` (the draft pool's translation)."""
+        return pools.to_physical(self._slots(req, start, end))
+
     def _audit_pages(self, req: Request) -> None:
         """Record any page in the request's table that the allocator says is free (a stale read)."""
         for page in req.pages:
@@ -81,7 +89,8 @@ class ModelRunner:
         for chunk in chunks:
             req, end = chunk.req, chunk.start + chunk.length
             self._audit_pages(req)
-            ids.extend(req.all_tokens()[chunk.start : end])
+            known = req.all_tokens()[chunk.start : end if chunk.draft is None else chunk.start + 1]
+            ids.extend([*known, *(chunk.draft or [])])
             positions.append(torch.arange(chunk.start, end))
             out_loc.append(self._slots(req, chunk.start, end))
             kv.append(self._slots(req, 0, end))
@@ -101,6 +110,7 @@ class ModelRunner:
             checkpoints=[dict(zip(c.checkpoints, to_state(list(c.checkpoints.values())))) for c in chunks],
             is_decode=is_decode,
             out_cache_loc_virtual=virtual_loc,
+            verify=chunks[0].draft is not None,
         )
 
     def run(self, chunks: list[Chunk], is_decode: bool) -> None:
@@ -112,6 +122,11 @@ class ModelRunner:
         batch.out_cache_loc, batch.kv_indices = batch.out_cache_loc.to(device), batch.kv_indices.to(device)
         batch.out_cache_loc_virtual = batch.out_cache_loc_virtual.to(device)
         hidden = self.model(batch, self.pools, self.backend, self._sentinel, deterministic=self.deterministic)
+        if batch.verify:
+            self._verify(chunks, batch, hidden)
+            self.proposer.observe(chunks, batch.qo_indptr, hidden)
+            self.step += 1
+            return
         sampling = [i for i, c in enumerate(chunks) if c.samples]
         if sampling:
             last = torch.tensor([batch.qo_indptr[i + 1] - 1 for i in sampling], device=device)
@@ -120,7 +135,26 @@ class ModelRunner:
             self._sample([chunks[i].req for i in sampling], logits)
         for chunk in chunks:
             chunk.req.num_computed = chunk.start + chunk.length
+        self.proposer.observe(chunks, batch.qo_indptr, hidden)
         self.step += 1
+
+    def _verify(self, chunks: list[Chunk], batch: ForwardBatch, hidden: torch.Tensor) -> None:
+        """Greedy verification: emit the accepted drafts plus the bonus token, roll Mamba states back to match."""
+        logits = self.model.logits(hidden, deterministic=self.deterministic).float()
+        self._sentinel("logits", logits)
+        targets = logits.argmax(dim=-1).tolist()
+        for r, chunk in enumerate(chunks):
+            q0 = batch.qo_indptr[r]
+            accepted = greedy_accept(chunk.draft, targets[q0 : q0 + len(chunk.draft)])
+            self._sample([chunk.req] * (accepted + 1), logits[q0 : q0 + accepted + 1])
+            chunk.req.output.accepted.append(accepted)
+            chunk.req.output.drafted.append(len(chunk.draft))
+            chunk.req.num_computed = chunk.start + accepted + 1
+            for (layer, row), trail in batch.mamba_trail.items():
+                if row == r:
+                    conv, ssm = self.pools.state_views(layer)
+                    slot = batch.state_slots[r]
+                    conv[slot], ssm[slot] = trail[accepted]
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
         logprobs = torch.log_softmax(logits, dim=-1)

@@ -36,6 +36,12 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "torch": "reference_impl.torch_backend:TorchBackend",
         "triton": "reference_impl.triton_backend:TritonBackend",
     },
+    "spec": {
+        "none": "reference_impl.spec_ngram:NoProposer",
+        "ngram": "reference_impl.spec_ngram:NgramProposer",
+        "draft": "reference_impl.spec_draft:DraftProposer",
+        "mtp": "reference_impl.spec_mtp:MtpProposer",
+    },
 }
 
 #: factors that switch an engine behaviour on or off.
@@ -48,6 +54,7 @@ SWITCH_FACTORS: dict[str, dict[str, bool]] = {
 VALUE_FACTORS: dict[str, type] = {
     "page_size": int,       # tokens per KV page (vLLM block_size)
     "prefill_budget": int,  # tokens per chunked-prefill step (vLLM max_num_batched_tokens)
+    "num_draft_tokens": int,  # draft tokens per speculative verify step (vLLM num_speculative_tokens)
 }
 
 

@@ -29,6 +29,8 @@ class RequestOutput:
     finish_reason: str               # "length" or "rejected"
     error: str = ""
     preemptions: int = 0             # times the request was preempted and recomputed
+    accepted: list[int] = field(default_factory=list)  # per decode step: draft tokens accepted
+    drafted: list[int] = field(default_factory=list)   # per decode step: draft tokens proposed (0 = plain decode)
 
 
 class Phase(Enum):
@@ -58,6 +60,7 @@ class Request:
     cache_node: object = None
     state_slot: int | None = None
     checkpoint_slots: dict[int, int] = field(default_factory=dict)  # position -> virtual state slot
+    draft_tail: object = None      # spec=draft: the draft's hidden at the last computed position
 
     @property
     def rid(self) -> str:

@@ -41,11 +41,27 @@ cache = ["off", "device"]
 page_size = [16]
 """
 
+#: every proposer with and without the prefix cache, on the workload whose warm pass hits prompts.
+SPEC_FAULTS = """
+[matrix]
+name = "spec_faults"
+mode = "full"
+workloads = ["system_prompt"]
+
+[factors]
+model = ["dense", "hybrid"]
+spec = ["none", "ngram", "draft", "mtp"]
+cache = ["off", "device"]
+page_size = [16]
+"""
+
 MATRIX_OF = {
     "priority_scheduler_drop": SCHEDULER_FAULTS,
     "unified_extend_virtual_loc": KERNEL_FAULTS,
     "unified_no_zero_on_issue": KERNEL_FAULTS,
     "slot_stride_int32": KERNEL_FAULTS,
+    "draft_state_not_cached": SPEC_FAULTS,
+    "mtp_layer_index_oob": SPEC_FAULTS,
 }
 
 

@@ -34,7 +34,8 @@ def baseline() -> list[RequestOutput]:
 
 
 def test_every_oracle_passes_on_identical_results() -> None:
-    verdicts = judge([view(baseline(), deterministic=True, reference=baseline(), reference_name="solo")])
+    verdicts = judge([view(baseline(), deterministic=True, reference=baseline(), reference_name="solo",
+                           spec_reference=baseline(), max_accept_length=4)])
     assert {name: v.status for name, v in verdicts.items()} == {name: "pass" for name in ORACLES}
 
 
@@ -118,3 +119,41 @@ def test_completeness_fails_on_lost_duplicate_or_short(mutate, problem: str) -> 
 def test_pool_audit_fails_on_any_problem() -> None:
     v = ORACLES["pool_audit"]([view(baseline(), audit=["pages leaked: free 3 + cached 4 != 8"])])
     assert v.status == "fail" and "leaked" in v.message
+
+
+def with_accepts(outputs: list[RequestOutput], accepted: list[int], drafted: int = 3) -> list[RequestOutput]:
+    for out in outputs:
+        out.accepted, out.drafted = list(accepted), [drafted] * len(accepted)
+    return outputs
+
+
+def accept_views(cold: list[int], warm: list[int], golden: list[int], max_accept: int = 4) -> list[PassView]:
+    reference = with_accepts(baseline(), golden)
+    return [view(with_accepts(baseline(), accepted), name=name, spec_reference=reference, max_accept_length=max_accept)
+            for name, accepted in (("cold", cold), ("warm", warm))]
+
+
+def test_accept_length_is_skipped_without_speculative_decoding() -> None:
+    assert ORACLES["accept_length"]([view(baseline())]).status == "skip"
+
+
+def test_accept_length_fails_when_warm_drops_and_names_both_means() -> None:
+    v = ORACLES["accept_length"](accept_views(cold=[2, 2], warm=[0, 0], golden=[2, 2]))
+    assert v.status == "fail"
+    first = v.detail[0]
+    assert (first["pass"], first["against"], first["expected"], first["got"]) == ("warm", "golden", 3.0, 1.0)
+    assert first["histogram"] == {"1": 4} and first["expected_histogram"] == {"3": 4}
+    assert {d["against"] for d in v.detail} == {"golden", "cold"}
+    assert first["movers"][0]["drop"] == 2.0
+
+
+def test_accept_length_tolerates_a_small_drop_and_fails_above_the_maximum() -> None:
+    assert ORACLES["accept_length"](accept_views(cold=[2, 2, 2, 2, 2, 1], warm=[2] * 6, golden=[2] * 6)).status == "pass"
+    assert ORACLES["accept_length"](accept_views(cold=[3], warm=[3], golden=[3], max_accept=3)).status == "fail"
+
+
+def test_accept_length_ignores_a_request_that_is_missing() -> None:
+    views = accept_views(cold=[2], warm=[2], golden=[2])
+    views[1].spec_reference[0].accepted = [0]  # the reference's request "a" accepts nothing...
+    views[1].outputs = views[1].outputs[1:]    # ...and the cell lost "a": completeness's finding
+    assert ORACLES["accept_length"](views).status == "pass"
