@@ -69,6 +69,7 @@ class WorkloadRun:
     num_draft_tokens: int
     chunk_size: int  # the Mamba2 SSD chunk, which with the page size sets the snapshot grid
     seconds: float
+    tiered: bool = False  # the cache has tiers below L1 (emptied between the passes)
 
 
 def run_workload(
@@ -83,6 +84,8 @@ def run_workload(
         seen = len(engine.nan_events)
         outputs = engine.generate(workload.requests)
         passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit())
+        if engine.cache.lower_tiers:  # L1 evicts everything (to L2): the warm pass is served from below
+            engine.cache.evict(engine.cache.evictable_pages())
     solo = None
     if config.deterministic:
         solo = Engine(replace(config, max_running=1)).generate(workload.requests)
@@ -91,6 +94,7 @@ def run_workload(
         config.model.is_hybrid, config.deterministic, config.page_size, config.num_draft_tokens,
         config.model.mamba.chunk_size,
         time.perf_counter() - started,
+        bool(engine.cache.lower_tiers),
     )
 
 
@@ -148,7 +152,7 @@ def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | Non
             run.workload.name, name, record.outputs, golden.passes["cold"].outputs,
             {r.rid: r.max_new_tokens for r in run.workload.requests}, expected,
             record.nan_events, record.audit, run.dtype, run.deterministic, run.hybrid, reference, reference_name,
-            spec_golden.passes["cold"].outputs if spec_golden else None, run.num_draft_tokens + 1,
+            spec_golden.passes["cold"].outputs if spec_golden else None, run.num_draft_tokens + 1, run.tiered,
         ))
     return views
 

@@ -27,6 +27,7 @@ COMPONENTS: dict[str, dict[str, str]] = {
     "cache": {
         "off": "reference_impl.radix_cache:NoCache",
         "device": "reference_impl.radix_cache:RadixCache",
+        "host": "reference_impl.tiered_cache:HostCache",
     },
     "pool": {
         "static": "reference_impl.kv_pool:StaticPools",
