@@ -84,8 +84,8 @@ def run_workload(
         seen = len(engine.nan_events)
         outputs = engine.generate(workload.requests)
         passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit())
-        if engine.cache.lower_tiers:  # L1 evicts everything (to L2): the warm pass is served from below
-            engine.cache.evict(engine.cache.evictable_pages())
+        if engine.cache.lower_tiers:  # L1 evicts everything: the warm pass is served from the tiers below
+            engine.cache.demote_all()
     solo = None
     if config.deterministic:
         solo = Engine(replace(config, max_running=1)).generate(workload.requests)

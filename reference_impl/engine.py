@@ -64,6 +64,9 @@ class Engine:
             self.pools, config.page_size, len(cfg.attention_layers), self.proposer.draft_kv(),
             len(cfg.mamba_layers), config.faults,
         ))
+        if "storage" in self.cache.lower_tiers:  # store is ignored unless cache=storage
+            layout = f"{cfg.name}.{type(self.proposer).__name__}.p{config.page_size}.{config.dtype}"
+            self.cache.attach_store(config.store(config.store_location), config.tenant, layout)
         self.queue = config.scheduler(config.faults)
         self.runner = ModelRunner(
             load_model(cfg, config.device, config.dtype),
@@ -280,7 +283,8 @@ class Engine:
         if not req.admitted_once:
             req.output.cached_tokens = match.matched_tokens
             req.output.cached_host = match.host_tokens
-            req.output.cached_device = match.matched_tokens - match.host_tokens
+            req.output.cached_storage = match.storage_tokens
+            req.output.cached_device = match.matched_tokens - match.host_tokens - match.storage_tokens
             req.admitted_once = True
         req.phase = Phase.RUNNING
         self.running.append(req)

@@ -51,7 +51,8 @@ class MatchResult:
     matched_tokens: int
     node: TreeNode
     state_slot: int | None
-    host_tokens: int = 0  # of matched_tokens, how many a lower tier (L2) loaded back into L1
+    host_tokens: int = 0     # of matched_tokens, how many L2 (host) loaded back into L1
+    storage_tokens: int = 0  # of matched_tokens, how many L3 (storage) loaded back through L2 into L1
 
 
 @dataclass(slots=True)

@@ -31,6 +31,7 @@ class HostCache(RadixCache):
         self.host = HostPool()
         self.mover: PageMover | None = None
         self.loaded_pages = 0
+        self._fetched: set[str] = set()  # keys a tier below L2 supplied during the current match
 
     def attach(self, mover: PageMover) -> None:
         """Take the engine's page mover (pools, draft layers, Mamba layers, faults)."""
@@ -46,14 +47,22 @@ class HostCache(RadixCache):
         return result
 
     def match_prefix(self, tokens: Sequence[int]) -> MatchResult:
-        """L1's hit, extended from L2 when L2 holds a longer prefix (loaded back before returning)."""
+        """L1's hit, extended from lower tiers when they hold a longer prefix (loaded back before returning)."""
+        self._fetched = set()
         device = super().match_prefix(tokens)
         end = self._host_end(tokens)
         if end <= device.matched_tokens or not self._load(tokens, end):
             return device
         result = super().match_prefix(tokens)
-        result.host_tokens = result.matched_tokens - device.matched_tokens
+        keys = page_hashes(tokens, self.page_size, result.matched_tokens // self.page_size)
+        below = sum(k in self._fetched for k in keys[device.matched_tokens // self.page_size:])
+        result.storage_tokens = below * self.page_size
+        result.host_tokens = result.matched_tokens - device.matched_tokens - result.storage_tokens
         return result
+
+    def demote_all(self) -> None:
+        """Evict every unlocked L1 page to the tiers below (what capacity pressure does, all at once)."""
+        self.evict(self.evictable_pages())
 
     def _save(self, tokens: Sequence[int], start: int, pages: list[int], snapshots: dict[int, int]) -> None:
         """Copy pages (of positions ``start`` on) and snapshots (absolute positions) into L2."""
@@ -84,10 +93,15 @@ class HostCache(RadixCache):
         covered = on_device
         while covered < len(keys) and keys[covered] in self.host.pages:
             covered += 1
+        covered = self._fetch_below(keys, covered)
         if not self.is_hybrid:
             return covered * self.page_size
         ends = [i + 1 for i in range(covered) if keys[i] in self.host.snapshots]
         return max(ends, default=0) * self.page_size
+
+    def _fetch_below(self, keys: list[str], covered: int) -> int:
+        """Pages a tier below L2 adds to L2 past ``covered`` (none for cache=host); the new cover."""
+        return covered
 
     def _load(self, tokens: Sequence[int], end: int) -> bool:
         """Load L2 pages (and the snapshot at ``end``) into L1 so L1 matches ``tokens[:end]``."""

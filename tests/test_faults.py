@@ -65,7 +65,7 @@ workloads = ["system_prompt"]
 [factors]
 model = ["dense", "hybrid"]
 spec = ["none", "draft", "mtp"]
-cache = ["device", "host"]
+cache = ["device", "host", "storage"]
 page_size = [16]
 """
 
