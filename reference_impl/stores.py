@@ -84,17 +84,17 @@ class RedisStore:
     """Real Redis through redis-py; ``location`` is a redis:// URL (default: $KVMATRIX_REDIS_URL)."""
 
     def __init__(self, location: str | None = None) -> None:
-        """Connect lazily to ``location``; StoreError on first use when neither it nor the env var is set."""
+        """Connect lazily to ``location``; StoreError when neither it nor the env var names a server."""
         import redis
 
         self.url = location or os.environ.get(REDIS_URL_ENV, "")
+        if not self.url:
+            raise StoreError(f"redis store has no URL: pass a location or set {REDIS_URL_ENV}")
         self._errors = (redis.exceptions.RedisError, OSError)
-        self._client = redis.Redis.from_url(self.url, socket_timeout=2) if self.url else None
+        self._client = redis.Redis.from_url(self.url, socket_timeout=2)
 
     def _run(self, what: str, fn: object) -> object:
-        """Run ``fn(client)``; StoreError when there is no URL or Redis fails."""
-        if self._client is None:
-            raise StoreError(f"redis store has no URL (set {REDIS_URL_ENV})")
+        """Run ``fn(client)``; StoreError when Redis fails."""
         try:
             return fn(self._client)
         except self._errors as exc:
