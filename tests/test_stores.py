@@ -78,14 +78,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A private redis-server on 127.0.0.1; skipped without one, except under CI=true where that fails."""
+def redis_binary() -> str:
+    """The redis-server path; skip without one, except under CI=true, where a missing server fails."""
     binary = shutil.which("redis-server")
     if binary is None:
         if os.environ.get("CI") == "true":
             pytest.fail("redis-server is not installed, and CI=true requires the Redis tests to run")
         pytest.skip("redis-server is not installed (apt-get install redis-server); CI=true makes this a failure")
+    return binary
+
+
+def test_a_missing_redis_fails_under_ci_and_skips_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        redis_binary()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="not installed"):
+        redis_binary()
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A private redis-server on 127.0.0.1; skipped without one, except under CI=true where that fails."""
+    binary = redis_binary()
     port = _free_port()
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
@@ -118,3 +134,11 @@ def test_redis_stopped_mid_run_gives_no_wrong_token(redis_url: tuple[str, subpro
     warm = eng.generate(requests)
     assert all(o.cached_tokens == 0 and o.tokens == cold[o.rid].tokens for o in warm)
     assert eng.cache.store_errors and "redis" in eng.cache.store_errors[0]
+
+
+def test_store_is_ignored_unless_cache_is_storage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVMATRIX_REDIS_URL", raising=False)
+    workload = load_workload("pair")
+    Engine(build_engine_config({"cache": "host", "store": "redis"}, workload, frozenset()))
+    with pytest.raises(StoreError, match="no URL"):
+        Engine(build_engine_config({"cache": "storage", "store": "redis"}, workload, frozenset()))
