@@ -30,7 +30,6 @@ class HostCache(RadixCache):
         super().__init__(page_size, free_pages, free_state)
         self.host = HostPool()
         self.mover: PageMover | None = None
-        self.loaded_pages = 0
         self._fetched: set[str] = set()  # keys a tier below L2 supplied during the current match
 
     def attach(self, mover: PageMover) -> None:
@@ -129,7 +128,6 @@ class HostCache(RadixCache):
             self._free_pages(result.unused_pages)
         for unused in result.unused_slots:
             self._free_state(unused)
-        self.loaded_pages += len(fresh)
         return True
 
     def _reserve(self, n: int) -> tuple[list[int] | None, int | None]:
