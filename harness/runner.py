@@ -5,6 +5,7 @@ import signal
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -76,7 +77,8 @@ def run_workload(
     levels: Mapping[str, object], workload: Workload, faults: frozenset[str], device: str = "cpu"
 ) -> WorkloadRun:
     """Run ``workload`` cold then warm on a fresh engine; in deterministic mode also each request alone."""
-    config = build_engine_config(levels, workload, faults, device)
+    # A store namespace of its own: a shared Redis must not carry one run's prefixes into another's cold pass.
+    config = replace(build_engine_config(levels, workload, faults, device), tenant=f"run-{uuid.uuid4().hex}")
     started = time.perf_counter()
     engine = Engine(config)
     passes = {}
@@ -88,7 +90,7 @@ def run_workload(
             engine.cache.demote_all()
     solo = None
     if config.deterministic:
-        solo = Engine(replace(config, max_running=1)).generate(workload.requests)
+        solo = Engine(replace(config, max_running=1, tenant=f"solo-{config.tenant}")).generate(workload.requests)
     return WorkloadRun(
         workload, passes, solo, engine.stats, config.dtype, config.cache is not NoCache,
         config.model.is_hybrid, config.deterministic, config.page_size, config.num_draft_tokens,

@@ -15,6 +15,7 @@ import torch
 
 from fixtures.workloads import load_workload
 from harness.engine_setup import build_engine_config
+from harness.runner import run_workload
 from reference_impl.engine import Engine
 from reference_impl.stores import FileStore, RedisStore, StoreError
 
@@ -142,3 +143,14 @@ def test_store_is_ignored_unless_cache_is_storage(monkeypatch: pytest.MonkeyPatc
     Engine(build_engine_config({"cache": "host", "store": "redis"}, workload, frozenset()))
     with pytest.raises(StoreError, match="no URL"):
         Engine(build_engine_config({"cache": "storage", "store": "redis"}, workload, frozenset()))
+
+
+def test_harness_runs_sharing_one_redis_do_not_share_prefixes(
+    redis_url: tuple[str, subprocess.Popen], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVMATRIX_REDIS_URL", redis_url[0])
+    levels = {**LEVELS, "store": "redis"}
+    for _ in range(2):
+        run = run_workload(levels, load_workload("system_prompt"), frozenset())
+        assert sum(o.cached_storage for o in run.passes["cold"].outputs) == 0
+        assert sum(o.cached_storage for o in run.passes["warm"].outputs) > 0
