@@ -86,18 +86,20 @@ def main() -> None:
     configure_torch()
     with tempfile.TemporaryDirectory() as tmp:
         redis, proc = redis_store(tmp)
-        print(f"per-page cost, page_size {PAGE}, best of {REPEATS} over {PAGES} pages (µs):")
-        print("| model | recompute | L2 host | L3 file | L3 redis |")
-        print("|---|---|---|---|---|")
-        for model in ("dense", "hybrid"):
-            eng = engine(model)
-            row = [recompute_us(model), load_us(eng, None), load_us(eng, FileStore(f"{tmp}/{model}"))]
-            row.append(load_us(eng, redis) if redis else None)
-            cells = " | ".join(f"{v:.0f}" if v is not None else "n/a (no redis-server)" for v in row)
-            print(f"| {model} | {cells} |")
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=10)
+        try:
+            print(f"per-page cost, page_size {PAGE}, best of {REPEATS} over {PAGES} pages (µs):")
+            print("| model | recompute | L2 host | L3 file | L3 redis |")
+            print("|---|---|---|---|---|")
+            for model in ("dense", "hybrid"):
+                eng = engine(model)
+                row = [recompute_us(model), load_us(eng, None), load_us(eng, FileStore(f"{tmp}/{model}"))]
+                row.append(load_us(eng, redis) if redis else None)
+                cells = " | ".join(f"{v:.0f}" if v is not None else "n/a (no redis-server)" for v in row)
+                print(f"| {model} | {cells} |")
+        finally:  # the private redis-server never outlives the benchmark, even when it fails
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=10)
 
 
 if __name__ == "__main__":
