@@ -20,6 +20,7 @@ DEFAULT_LEVELS: dict[str, object] = {
     "poison": "off",
     "spec": "none",
     "num_draft_tokens": 3,
+    "store": "file",
 }
 
 STATE_SLOTS = 256

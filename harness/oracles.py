@@ -60,6 +60,7 @@ class PassView:
     reference_name: str = ""                      # "solo" (each request alone) or "cold"
     spec_reference: list[RequestOutput] | None = None  # golden levels with the cell's spec algorithm (spec cells)
     max_accept_length: int = 1                     # k + 1: the most a verify step can emit
+    tiered: bool = False                           # cache has tiers below L1, emptied before the warm pass
 
     def by_rid(self) -> dict[str, RequestOutput]:
         return {o.rid: o for o in self.outputs}
@@ -161,9 +162,26 @@ def cached_tokens_oracle(views: Sequence[PassView]) -> Verdict:
             if not expect.admits(out.cached_tokens):
                 findings.append({"workload": view.workload, "pass": view.name, "request": out.rid,
                                  "expected": expect.describe(), "got": out.cached_tokens})
+            parts = out.cached_device + out.cached_host + out.cached_storage
+            if view.tiered and parts != out.cached_tokens:
+                findings.append({"workload": view.workload, "pass": view.name, "request": out.rid,
+                                 "expected": f"per-tier sum {out.cached_tokens}", "got": parts})
+        findings.extend(_lower_tier_findings(view))
     return _verdict("cached_tokens", findings, f"as expected ({total} warm cached tokens)",
                     lambda f: f"{len(f)} request(s) off; first: {f[0]['workload']}/{f[0]['pass']} {f[0]['request']}: "
                               f"expected {f[0]['expected']}, got {f[0]['got']}")
+
+
+def _lower_tier_findings(view: PassView) -> list[dict]:
+    """A tiered cell's warm pass starts with L1 emptied: any expected hit must come partly from below."""
+    if not view.tiered or view.name != "warm":
+        return []
+    wanted = max((e.lo for e in view.expected_cached.values()), default=0)
+    below = sum(o.cached_host + o.cached_storage for o in view.outputs)
+    if wanted and not below:
+        return [{"workload": view.workload, "pass": view.name, "request": "(all)",
+                 "expected": "some cached tokens loaded back from a lower tier", "got": "none (device only)"}]
+    return []
 
 
 def completeness_oracle(views: Sequence[PassView]) -> Verdict:

@@ -5,6 +5,7 @@ import signal
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -69,13 +70,15 @@ class WorkloadRun:
     num_draft_tokens: int
     chunk_size: int  # the Mamba2 SSD chunk, which with the page size sets the snapshot grid
     seconds: float
+    tiered: bool = False  # the cache has tiers below L1 (emptied between the passes)
 
 
 def run_workload(
     levels: Mapping[str, object], workload: Workload, faults: frozenset[str], device: str = "cpu"
 ) -> WorkloadRun:
     """Run ``workload`` cold then warm on a fresh engine; in deterministic mode also each request alone."""
-    config = build_engine_config(levels, workload, faults, device)
+    # A store namespace of its own: a shared Redis must not carry one run's prefixes into another's cold pass.
+    config = replace(build_engine_config(levels, workload, faults, device), tenant=f"run-{uuid.uuid4().hex}")
     started = time.perf_counter()
     engine = Engine(config)
     passes = {}
@@ -83,14 +86,17 @@ def run_workload(
         seen = len(engine.nan_events)
         outputs = engine.generate(workload.requests)
         passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit())
+        if engine.cache.lower_tiers:  # L1 evicts everything: the warm pass is served from the tiers below
+            engine.cache.demote_all()
     solo = None
     if config.deterministic:
-        solo = Engine(replace(config, max_running=1)).generate(workload.requests)
+        solo = Engine(replace(config, max_running=1, tenant=f"solo-{config.tenant}")).generate(workload.requests)
     return WorkloadRun(
         workload, passes, solo, engine.stats, config.dtype, config.cache is not NoCache,
         config.model.is_hybrid, config.deterministic, config.page_size, config.num_draft_tokens,
         config.model.mamba.chunk_size,
         time.perf_counter() - started,
+        bool(engine.cache.lower_tiers),
     )
 
 
@@ -148,7 +154,7 @@ def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | Non
             run.workload.name, name, record.outputs, golden.passes["cold"].outputs,
             {r.rid: r.max_new_tokens for r in run.workload.requests}, expected,
             record.nan_events, record.audit, run.dtype, run.deterministic, run.hybrid, reference, reference_name,
-            spec_golden.passes["cold"].outputs if spec_golden else None, run.num_draft_tokens + 1,
+            spec_golden.passes["cold"].outputs if spec_golden else None, run.num_draft_tokens + 1, run.tiered,
         ))
     return views
 

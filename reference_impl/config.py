@@ -73,6 +73,9 @@ class EngineConfig:
     faults: frozenset[str] = frozenset()
     spec: type | None = None       # the proposer class (reference_impl.spec_*); None = plain decoding
     num_draft_tokens: int = 3      # k: draft tokens proposed per verify step
+    store: type | None = None      # the L3 backend class (reference_impl.stores); used only by cache=storage
+    store_location: str | None = None  # its directory or URL; None: the backend's default
+    tenant: str = "default"        # the store namespace this engine reads and writes
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from reference_impl.batch_invariant import TILE
 from reference_impl.config import EngineConfig
+from reference_impl.host_pool import PageMover
 from reference_impl.launch_audit import AUDIT_KV_BYTES, int32_overflow_risks
 from reference_impl.model_runner import Chunk, ModelRunner, load_model
 from reference_impl.request import Phase, Request, RequestOutput, RequestSpec
@@ -59,6 +60,13 @@ class Engine:
         self.pools = self.proposer.wrap_pools(pools, config)
         free_state = (lambda slot: self.pools.free_state_slots([slot])) if cfg.is_hybrid else None
         self.cache = config.cache(config.page_size, self.pools.free_pages, free_state)
+        self.cache.attach(PageMover(
+            self.pools, config.page_size, len(cfg.attention_layers), self.proposer.draft_kv(),
+            len(cfg.mamba_layers), config.faults,
+        ))
+        if "storage" in self.cache.lower_tiers:  # store is ignored unless cache=storage
+            layout = f"{cfg.name}.{type(self.proposer).__name__}.p{config.page_size}.{config.dtype}"
+            self.cache.attach_store(config.store(config.store_location), config.tenant, layout)
         self.queue = config.scheduler(config.faults)
         self.runner = ModelRunner(
             load_model(cfg, config.device, config.dtype),
@@ -274,6 +282,9 @@ class Engine:
             self.stats.draft_partial_hits += not full
         if not req.admitted_once:
             req.output.cached_tokens = match.matched_tokens
+            req.output.cached_host = match.host_tokens
+            req.output.cached_storage = match.storage_tokens
+            req.output.cached_device = match.matched_tokens - match.host_tokens - match.storage_tokens
             req.admitted_once = True
         req.phase = Phase.RUNNING
         self.running.append(req)

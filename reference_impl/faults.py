@@ -103,11 +103,36 @@ MTP_LAYER_INDEX_OOB = Fault(
     ),
 )
 
+HICACHE_DRAFT_NOT_RESTORED = Fault(
+    name="hicache_draft_not_restored",
+    incident="SGLang #30393: host/storage cache tiers move only the target KV, not the draft state",
+    triggers={"spec": ("draft", "mtp"), "cache": ("host", "storage")},
+    oracle="accept_length",
+    doc=(
+        "A page loaded back from a lower tier gets the target's K/V but not the draft's (draft pool or MTP "
+        "tail layer): tokens and cached_tokens stay right, the draft attends to zeros where its context "
+        "should be and the accept length collapses. L1-only caches never load back; stateless proposers "
+        "have no draft state."
+    ),
+)
+
+MAMBA_WHOLE_BLOCK_OFFLOAD = Fault(
+    name="mamba_whole_block_offload",
+    incident="vLLM #50507 before the fix: hybrid offload restores Mamba state in whole blocks only (784 of 900)",
+    triggers={"model": ("hybrid",), "cache": ("host", "storage")},
+    oracle="cached_tokens",
+    doc=(
+        "Offloading a hybrid prefix keeps its Mamba snapshots only at whole 32-token blocks, so a prompt's "
+        "tail snapshot (its last page × chunk grid point) is lost below L1 and a warm hit from L2 stops at the "
+        "block before it. Dense models have no snapshots; cache=device never offloads."
+    ),
+)
+
 FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
         PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE, SLOT_STRIDE_INT32,
-        DRAFT_STATE_NOT_CACHED, MTP_LAYER_INDEX_OOB,
+        DRAFT_STATE_NOT_CACHED, MTP_LAYER_INDEX_OOB, HICACHE_DRAFT_NOT_RESTORED, MAMBA_WHOLE_BLOCK_OFFLOAD,
     )
 }
 

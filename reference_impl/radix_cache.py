@@ -51,6 +51,8 @@ class MatchResult:
     matched_tokens: int
     node: TreeNode
     state_slot: int | None
+    host_tokens: int = 0     # of matched_tokens, how many L2 (host) loaded back into L1
+    storage_tokens: int = 0  # of matched_tokens, how many L3 (storage) loaded back through L2 into L1
 
 
 @dataclass(slots=True)
@@ -87,6 +89,8 @@ def _check_insert_args(
 class RadixCache:
     """Page-granular radix tree of cached prefixes with LRU eviction of unlocked leaves."""
 
+    lower_tiers: tuple[str, ...] = ()  # tiers below L1 (cache=host adds "host")
+
     def __init__(
         self,
         page_size: int,
@@ -110,6 +114,9 @@ class RadixCache:
     def is_hybrid(self) -> bool:
         """Whether hits must end at a Mamba state snapshot."""
         return self._free_state is not None
+
+    def attach(self, mover: object) -> None:
+        """L1 alone copies no page anywhere, so it needs no page mover."""
 
     def match_prefix(self, tokens: Sequence[int]) -> MatchResult:
         """Longest cached whole-page prefix of ``tokens`` (hybrid: cut back to the deepest snapshot)."""
@@ -343,6 +350,8 @@ class RadixCache:
 class NoCache:
     """cache=off with RadixCache's interface: nothing is cached, so every page stays the caller's."""
 
+    lower_tiers: tuple[str, ...] = ()
+
     def __init__(
         self,
         page_size: int,
@@ -360,6 +369,9 @@ class NoCache:
     def is_hybrid(self) -> bool:
         """Whether the caller runs a hybrid model (kept for interface parity)."""
         return self._hybrid
+
+    def attach(self, mover: object) -> None:
+        """Nothing is cached, so nothing moves between tiers."""
 
     def match_prefix(self, tokens: Sequence[int]) -> MatchResult:
         """Always a miss."""

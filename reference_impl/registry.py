@@ -27,6 +27,12 @@ COMPONENTS: dict[str, dict[str, str]] = {
     "cache": {
         "off": "reference_impl.radix_cache:NoCache",
         "device": "reference_impl.radix_cache:RadixCache",
+        "host": "reference_impl.tiered_cache:HostCache",
+        "storage": "reference_impl.storage_cache:StorageCache",
+    },
+    "store": {
+        "file": "reference_impl.stores:FileStore",
+        "redis": "reference_impl.stores:RedisStore",
     },
     "pool": {
         "static": "reference_impl.kv_pool:StaticPools",

@@ -31,6 +31,9 @@ class RequestOutput:
     preemptions: int = 0             # times the request was preempted and recomputed
     accepted: list[int] = field(default_factory=list)  # per decode step: draft tokens accepted
     drafted: list[int] = field(default_factory=list)   # per decode step: draft tokens proposed (0 = plain decode)
+    cached_device: int = 0           # of cached_tokens: already in the device pool (L1)
+    cached_host: int = 0             # of cached_tokens: loaded back from the host pool (L2)
+    cached_storage: int = 0          # of cached_tokens: loaded back from storage (L3)
 
 
 class Phase(Enum):

@@ -133,6 +133,10 @@ class DraftProposer:
             inputs.append(self.head.project(torch.tensor([drafts[-1]], device=hidden.device), hidden[None], det))
             hidden = self._layer([req], [req.num_computed], [len(inputs)], torch.cat(inputs), write=False)[-1]
 
+    def draft_kv(self) -> list[tuple[object, int]]:
+        """(pool, layer) of the draft's K/V, which a lower cache tier must move with the target's."""
+        return [(self.kv_pool, self.kv_layer)]
+
     def cached(self, pages: Sequence[int]) -> None:
         """The prefix cache adopted ``pages``; under the fault their draft K/V is not kept."""
         if DRAFT_STATE_NOT_CACHED in self.config.faults and pages:

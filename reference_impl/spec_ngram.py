@@ -30,6 +30,10 @@ class StatelessProposer:
     def observe(self, chunks: Sequence[object], qo_indptr: Sequence[int], hidden: object) -> None:
         """No draft state to catch up after a target forward."""
 
+    def draft_kv(self) -> list[tuple[object, int]]:
+        """(pool, layer) of the draft's K/V that moves with a cached page: none for a stateless proposer."""
+        return []
+
     def cached(self, pages: Sequence[int]) -> None:
         """No draft state for the prefix cache to keep."""
 

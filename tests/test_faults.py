@@ -55,6 +55,20 @@ cache = ["off", "device"]
 page_size = [16]
 """
 
+#: every cache tier × proposer × model, on the workload whose warm pass hits prompts (from L2 when tiered).
+TIER_FAULTS = """
+[matrix]
+name = "tier_faults"
+mode = "full"
+workloads = ["system_prompt"]
+
+[factors]
+model = ["dense", "hybrid"]
+spec = ["none", "draft", "mtp"]
+cache = ["device", "host", "storage"]
+page_size = [16]
+"""
+
 MATRIX_OF = {
     "priority_scheduler_drop": SCHEDULER_FAULTS,
     "unified_extend_virtual_loc": KERNEL_FAULTS,
@@ -62,6 +76,8 @@ MATRIX_OF = {
     "slot_stride_int32": KERNEL_FAULTS,
     "draft_state_not_cached": SPEC_FAULTS,
     "mtp_layer_index_oob": SPEC_FAULTS,
+    "hicache_draft_not_restored": TIER_FAULTS,
+    "mamba_whole_block_offload": TIER_FAULTS,
 }
 
 

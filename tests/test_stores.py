@@ -1,0 +1,156 @@
+"""cache=storage: the store interface, cross-instance reuse, tenant isolation, a store that disappears."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from fixtures.workloads import load_workload
+from harness.engine_setup import build_engine_config
+from harness.runner import run_workload
+from reference_impl.engine import Engine
+from reference_impl.stores import FileStore, RedisStore, StoreError
+
+LEVELS = {"cache": "storage", "model": "dense", "page_size": 16}
+
+
+def engine(store: str, location: str, tenant: str = "a", model: str = "dense") -> Engine:
+    workload = load_workload("system_prompt")
+    config = build_engine_config({**LEVELS, "model": model, "store": store}, workload, frozenset())
+    return Engine(replace(config, store_location=location, tenant=tenant))
+
+
+def test_file_store_round_trips_bitwise(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path))
+    value = [torch.randn(3, 2), torch.arange(4.0)]
+    store.batch_set({"t/kv/abc": value})
+    assert store.exists(["t/kv/abc", "t/kv/nope"]) == [True, False]
+    got, missing = store.batch_get(["t/kv/abc", "t/kv/nope"])
+    assert missing is None and all(torch.equal(a, b) for a, b in zip(got, value))
+    shutil.rmtree(tmp_path)
+    with pytest.raises(StoreError, match="does not exist"):
+        store.exists(["t/kv/abc"])
+
+
+def serve_twice(store: str, location: str, tenant_b: str, model: str = "dense") -> tuple[list, list]:
+    """Instance A serves the workload; instance B (fresh L1 and L2, same store) serves it again."""
+    requests = load_workload("system_prompt").requests
+    first = {o.rid: o for o in engine(store, location, "a", model).generate(requests)}
+    second = engine(store, location, tenant_b, model).generate(requests)
+    return [first[o.rid] for o in second], second
+
+
+@pytest.mark.parametrize("model", ["dense", "hybrid"])
+def test_two_instances_sharing_a_file_store_reuse_prefixes(tmp_path: Path, model: str) -> None:
+    first, second = serve_twice("file", str(tmp_path), "a", model)
+    assert sum(o.cached_storage for o in second) > 0
+    assert all(a.tokens == b.tokens and a.logprobs == b.logprobs for a, b in zip(first, second))
+
+
+def test_no_hit_crosses_tenants(tmp_path: Path) -> None:
+    first, second = serve_twice("file", str(tmp_path), "b")
+    assert sum(o.cached_storage for o in second) == 0
+    assert all(a.tokens == b.tokens for a, b in zip(first, second))
+
+
+def test_a_removed_store_directory_turns_into_misses(tmp_path: Path) -> None:
+    requests = load_workload("system_prompt").requests
+    eng = engine("file", str(tmp_path))
+    cold = {o.rid: o for o in eng.generate(requests)}
+    eng.cache.demote_all()
+    shutil.rmtree(tmp_path)
+    warm = eng.generate(requests)
+    assert all(o.cached_tokens == 0 and o.tokens == cold[o.rid].tokens for o in warm)
+    assert eng.cache.store_errors and "does not exist" in eng.cache.store_errors[0]
+    assert not eng.audit()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_binary() -> str:
+    """The redis-server path; skip without one, except under CI=true, where a missing server fails."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is not installed, and CI=true requires the Redis tests to run")
+        pytest.skip("redis-server is not installed (apt-get install redis-server); CI=true makes this a failure")
+    return binary
+
+
+def test_a_missing_redis_fails_under_ci_and_skips_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        redis_binary()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="not installed"):
+        redis_binary()
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A private redis-server on 127.0.0.1; skipped without one, except under CI=true where that fails."""
+    binary = redis_binary()
+    port = _free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(100):
+        try:
+            RedisStore(url).exists(["ping"])
+            break
+        except StoreError:
+            time.sleep(0.05)
+    yield url, proc
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_two_instances_sharing_redis_reuse_prefixes(redis_url: tuple[str, subprocess.Popen]) -> None:
+    first, second = serve_twice("redis", redis_url[0], "a")
+    assert sum(o.cached_storage for o in second) > 0
+    assert all(a.tokens == b.tokens and a.logprobs == b.logprobs for a, b in zip(first, second))
+
+
+def test_redis_stopped_mid_run_gives_no_wrong_token(redis_url: tuple[str, subprocess.Popen]) -> None:
+    url, proc = redis_url
+    requests = load_workload("system_prompt").requests
+    eng = engine("redis", url)
+    cold = {o.rid: o for o in eng.generate(requests)}
+    eng.cache.demote_all()
+    proc.terminate()
+    proc.wait(timeout=10)
+    warm = eng.generate(requests)
+    assert all(o.cached_tokens == 0 and o.tokens == cold[o.rid].tokens for o in warm)
+    assert eng.cache.store_errors and "redis" in eng.cache.store_errors[0]
+
+
+def test_store_is_ignored_unless_cache_is_storage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVMATRIX_REDIS_URL", raising=False)
+    workload = load_workload("pair")
+    Engine(build_engine_config({"cache": "host", "store": "redis"}, workload, frozenset()))
+    with pytest.raises(StoreError, match="no URL"):
+        Engine(build_engine_config({"cache": "storage", "store": "redis"}, workload, frozenset()))
+
+
+def test_harness_runs_sharing_one_redis_do_not_share_prefixes(
+    redis_url: tuple[str, subprocess.Popen], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVMATRIX_REDIS_URL", redis_url[0])
+    levels = {**LEVELS, "store": "redis"}
+    for _ in range(2):
+        run = run_workload(levels, load_workload("system_prompt"), frozenset())
+        assert sum(o.cached_storage for o in run.passes["cold"].outputs) == 0
+        assert sum(o.cached_storage for o in run.passes["warm"].outputs) > 0

@@ -1,0 +1,113 @@
+"""cache=host: write policies, bitwise load-back of every pool a page spans, per-tier cached_tokens."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from fixtures.workloads import CachedExpectation, load_workload
+from harness.oracles import cached_tokens_oracle
+from harness.runner import run_workload
+from reference_impl.config import DENSE, HYBRID
+from reference_impl.host_pool import PageMover, page_hashes
+from reference_impl.kv_pool import StaticPools
+from reference_impl.tiered_cache import HostCache, WriteBackHostCache
+from tests.test_oracles import output, view
+
+
+def cache_with_pool(cls: type, model=DENSE, pages: int = 8) -> tuple[HostCache, StaticPools]:
+    pools = StaticPools(model, page_size=2, num_pages=pages, num_state_slots=4)
+    free_state = (lambda slot: pools.free_state_slots([slot])) if model.is_hybrid else None
+    cache = cls(2, pools.free_pages, free_state)
+    cache.attach(PageMover(pools, 2, len(model.attention_layers), [], len(model.mamba_layers)))
+    return cache, pools
+
+
+def fill(pools: StaticPools, pages: list[int], value: float) -> None:
+    for layer in range(pools._k.shape[0]):
+        k, v = pools.kv_views(layer)
+        for i, page in enumerate(pages):
+            k[page] = value + i
+            v[page] = -value - i
+
+
+def test_page_hashes_chain_the_prefix() -> None:
+    a, b = page_hashes([1, 2, 3, 4], 2, 2), page_hashes([9, 9, 3, 4], 2, 2)
+    assert a[0] != b[0] and a[1] != b[1]  # same second page, different prefix
+    assert page_hashes([1, 2, 3, 4, 5], 2, 2) == a
+
+
+@pytest.mark.parametrize("cls, saved_on_insert", [(HostCache, 2), (WriteBackHostCache, 0)])
+def test_write_policy_decides_when_l2_gets_a_copy(cls: type, saved_on_insert: int) -> None:
+    cache, pools = cache_with_pool(cls)
+    pages = pools.alloc_pages(2)
+    cache.insert([1, 2, 3, 4], pages)
+    assert len(cache.host) == saved_on_insert
+    cache.evict(2)
+    assert len(cache.host) == 2 and cache.cached_pages() == 0
+
+
+@pytest.mark.parametrize("cls", [HostCache, WriteBackHostCache])
+def test_evicted_pages_load_back_bitwise(cls: type) -> None:
+    cache, pools = cache_with_pool(cls)
+    pages = pools.alloc_pages(2)
+    fill(pools, pages, 3.0)
+    before = [pools.kv_views(0)[0][p].clone() for p in pages]
+    cache.insert([1, 2, 3, 4], pages)
+    cache.evict(2)
+    fill(pools, list(range(8)), 0.0)
+    match = cache.match_prefix([1, 2, 3, 4, 5])
+    assert match.matched_tokens == 4 and match.host_tokens == 4
+    assert all(torch.equal(pools.kv_views(0)[0][p], b) for p, b in zip(match.pages, before))
+    cache.check_integrity()
+    assert pools.num_free_pages + cache.cached_pages() == 8
+
+
+def test_hybrid_load_back_restores_the_snapshot() -> None:
+    cache, pools = cache_with_pool(HostCache, HYBRID)
+    pages, slot = pools.alloc_pages(2), pools.alloc_state_slot()
+    conv, ssm = pools.state_views(0)
+    conv[slot], ssm[slot] = 7.0, 8.0
+    cache.insert([1, 2, 3, 4], pages, {4: slot})
+    cache.evict(2)
+    match = cache.match_prefix([1, 2, 3, 4, 5])
+    assert match.host_tokens == 4 and match.state_slot is not None
+    assert torch.all(pools.state_views(0)[0][match.state_slot] == 7.0)
+    assert torch.all(pools.state_views(0)[1][match.state_slot] == 8.0)
+
+
+def test_load_back_fails_cleanly_when_l1_has_no_room() -> None:
+    cache, pools = cache_with_pool(HostCache, pages=2)
+    pages = pools.alloc_pages(2)
+    cache.insert([1, 2, 3, 4], pages)
+    cache.evict(2)
+    held = pools.alloc_pages(2)
+    assert cache.match_prefix([1, 2, 3, 4, 5]).matched_tokens == 0
+    pools.free_pages(held)
+    assert pools.num_free_pages == 2
+
+
+@pytest.mark.parametrize("model, spec, pool", [("dense", "draft", "unified"), ("hybrid", "mtp", "static")])
+def test_warm_pass_from_l2_matches_the_cold_pass_bitwise(model: str, spec: str, pool: str) -> None:
+    levels = {"cache": "host", "model": model, "spec": spec, "pool": pool, "page_size": 16}
+    run = run_workload(levels, load_workload("system_prompt"), frozenset())
+    cold, warm = ({o.rid: o for o in run.passes[p].outputs} for p in ("cold", "warm"))
+    assert all(warm[r].tokens == cold[r].tokens and warm[r].logprobs == cold[r].logprobs for r in cold)
+    assert sum(o.cached_host for o in warm.values()) > 0
+    assert all(o.cached_device + o.cached_host == o.cached_tokens for o in warm.values())
+    assert not run.passes["warm"].audit
+
+
+def test_cached_tokens_oracle_checks_the_tier_split() -> None:
+    out = output("a", [1, 2], cached=16)
+    out.cached_host = 16
+    expected = {"a": CachedExpectation(16, 16, 16)}
+    assert cached_tokens_oracle([view([out], expected_cached=expected, tiered=True)]).status == "pass"
+    wrong_sum = copy.deepcopy(out)
+    wrong_sum.cached_device = 16
+    assert cached_tokens_oracle([view([wrong_sum], expected_cached=expected, tiered=True)]).status == "fail"
+    device_only = copy.deepcopy(out)
+    device_only.cached_host, device_only.cached_device = 0, 16
+    verdict = cached_tokens_oracle([view([device_only], expected_cached=expected, tiered=True)])
+    assert verdict.status == "fail" and "lower tier" in str(verdict.detail)
