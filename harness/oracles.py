@@ -60,7 +60,6 @@ class PassView:
     reference_name: str = ""                      # "solo" (each request alone) or "cold"
     spec_reference: list[RequestOutput] | None = None  # golden levels with the cell's spec algorithm (spec cells)
     max_accept_length: int = 1                     # k + 1: the most a verify step can emit
-    tiered: bool = False                           # cache has tiers below L1, emptied before the warm pass
 
     def by_rid(self) -> dict[str, RequestOutput]:
         return {o.rid: o for o in self.outputs}
@@ -150,38 +149,36 @@ def nan_oracle(views: Sequence[PassView]) -> Verdict:
                     lambda f: f"non-finite values: first in {f[0]['where']} ({f[0]['workload']}/{f[0]['pass']})")
 
 
+def _by_tier(out: RequestOutput) -> str:
+    """cached_tokens as the request reported it, with the tiers below L1 that supplied part of it."""
+    below = [f"{tier} {n}" for tier, n in (("host", out.cached_host), ("storage", out.cached_storage)) if n]
+    parts = out.cached_device + out.cached_host + out.cached_storage
+    if parts != out.cached_tokens:
+        below.append(f"but device {out.cached_device} + host {out.cached_host} + storage {out.cached_storage} = {parts}")
+    return f"{out.cached_tokens} ({', '.join(below)})" if below else str(out.cached_tokens)
+
+
 def cached_tokens_oracle(views: Sequence[PassView]) -> Verdict:
-    """Per-request cached_tokens equal what the workload's shared prefixes imply."""
-    findings, total = [], 0
+    """Per-request cached_tokens, and the share each tier below L1 supplied, equal what the workload implies."""
+    findings, warm = [], {"device": 0, "host": 0, "storage": 0}
     for view in views:
         for out in view.outputs:
             expect = view.expected_cached.get(out.rid)
             if expect is None or out.finish_reason != "length":
                 continue
-            total += out.cached_tokens if view.name == "warm" else 0
-            if not expect.admits(out.cached_tokens):
-                findings.append({"workload": view.workload, "pass": view.name, "request": out.rid,
-                                 "expected": expect.describe(), "got": out.cached_tokens})
+            if view.name == "warm":
+                warm["device"] += out.cached_device
+                warm["host"] += out.cached_host
+                warm["storage"] += out.cached_storage
             parts = out.cached_device + out.cached_host + out.cached_storage
-            if view.tiered and parts != out.cached_tokens:
+            ok = expect.admits(out.cached_tokens) and expect.admits_split(out.cached_host, out.cached_storage)
+            if not ok or parts != out.cached_tokens:
                 findings.append({"workload": view.workload, "pass": view.name, "request": out.rid,
-                                 "expected": f"per-tier sum {out.cached_tokens}", "got": parts})
-        findings.extend(_lower_tier_findings(view))
-    return _verdict("cached_tokens", findings, f"as expected ({total} warm cached tokens)",
+                                 "expected": expect.describe(), "got": _by_tier(out)})
+    split = ", ".join(f"{tier} {n}" for tier, n in warm.items())
+    return _verdict("cached_tokens", findings, f"as expected ({sum(warm.values())} warm cached tokens: {split})",
                     lambda f: f"{len(f)} request(s) off; first: {f[0]['workload']}/{f[0]['pass']} {f[0]['request']}: "
                               f"expected {f[0]['expected']}, got {f[0]['got']}")
-
-
-def _lower_tier_findings(view: PassView) -> list[dict]:
-    """A tiered cell's warm pass starts with L1 emptied: any expected hit must come partly from below."""
-    if not view.tiered or view.name != "warm":
-        return []
-    wanted = max((e.lo for e in view.expected_cached.values()), default=0)
-    below = sum(o.cached_host + o.cached_storage for o in view.outputs)
-    if wanted and not below:
-        return [{"workload": view.workload, "pass": view.name, "request": "(all)",
-                 "expected": "some cached tokens loaded back from a lower tier", "got": "none (device only)"}]
-    return []
 
 
 def completeness_oracle(views: Sequence[PassView]) -> Verdict:

@@ -70,7 +70,7 @@ class WorkloadRun:
     num_draft_tokens: int
     chunk_size: int  # the Mamba2 SSD chunk, which with the page size sets the snapshot grid
     seconds: float
-    tiered: bool = False  # the cache has tiers below L1 (emptied between the passes)
+    tiers: tuple[str, ...] = ()  # the cache's tiers below L1 ("host", "storage")
 
 
 def run_workload(
@@ -86,8 +86,6 @@ def run_workload(
         seen = len(engine.nan_events)
         outputs = engine.generate(workload.requests)
         passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit())
-        if engine.cache.lower_tiers:  # L1 evicts everything: the warm pass is served from the tiers below
-            engine.cache.demote_all()
     solo = None
     if config.deterministic:
         solo = Engine(replace(config, max_running=1, tenant=f"solo-{config.tenant}")).generate(workload.requests)
@@ -96,7 +94,7 @@ def run_workload(
         config.model.is_hybrid, config.deterministic, config.page_size, config.num_draft_tokens,
         config.model.mamba.chunk_size,
         time.perf_counter() - started,
-        bool(engine.cache.lower_tiers),
+        engine.cache.lower_tiers,
     )
 
 
@@ -146,7 +144,8 @@ def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | Non
         record = run.passes[name]
         if run.cache_enabled:
             expected = run.workload.expected_cached(page_size=run.page_size, state_interval=STATE_INTERVAL,
-                                                    hybrid=run.hybrid, warm=name == "warm", chunk_size=run.chunk_size)
+                                                    hybrid=run.hybrid, warm=name == "warm", chunk_size=run.chunk_size,
+                                                    tiers=run.tiers)
         else:
             expected = {r.rid: CachedExpectation(0, 0, run.page_size) for r in run.workload.requests}
         reference, reference_name = (run.solo, "solo") if name == "cold" else (run.passes["cold"].outputs, "cold")
@@ -154,7 +153,7 @@ def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | Non
             run.workload.name, name, record.outputs, golden.passes["cold"].outputs,
             {r.rid: r.max_new_tokens for r in run.workload.requests}, expected,
             record.nan_events, record.audit, run.dtype, run.deterministic, run.hybrid, reference, reference_name,
-            spec_golden.passes["cold"].outputs if spec_golden else None, run.num_draft_tokens + 1, run.tiered,
+            spec_golden.passes["cold"].outputs if spec_golden else None, run.num_draft_tokens + 1,
         ))
     return views
 

@@ -62,8 +62,8 @@ class Engine:
         self.cache = config.cache(config.page_size, self.pools.free_pages, free_state)
         self.cache.attach(PageMover(
             self.pools, config.page_size, len(cfg.attention_layers), self.proposer.draft_kv(),
-            len(cfg.mamba_layers), config.faults,
-        ))
+            len(cfg.mamba_layers), config.faults, pin=config.device.startswith("cuda"),
+        ), host_pages=config.host_pages)
         if "storage" in self.cache.lower_tiers:  # store is ignored unless cache=storage
             layout = f"{cfg.name}.{type(self.proposer).__name__}.p{config.page_size}.{config.dtype}"
             self.cache.attach_store(config.store(config.store_location), config.tenant, layout)
@@ -264,6 +264,13 @@ class Engine:
         if not self._reserve_pages(new_pages + reserve):
             self.cache.unlock(match.node)
             return False
+        if match.pending is not None:  # the request fits: now load its prefix back from the tiers below
+            loaded = self.cache.load_back(tokens[:-1], match)
+            if loaded is not match:
+                self.cache.lock(loaded.node)
+                self.cache.unlock(match.node)
+                match = loaded
+                new_pages = _ceil_div(len(tokens), self.page_size) - len(match.pages)
         req.cache_node, req.cache_pages = match.node, list(match.pages)
         req.pages = [*match.pages, *self.pools.alloc_pages(new_pages)]
         req.num_computed = match.matched_tokens

@@ -10,6 +10,7 @@ Mamba snapshot that ends a cached prefix.
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -43,6 +44,7 @@ class PageMover:
     draft: list[tuple[object, int]] = field(default_factory=list)  # (pool, layer) of draft K/V
     mamba_layers: int = 0
     faults: frozenset[str] = frozenset()
+    pin: bool = False  # host copies in pinned memory (the engine runs on CUDA)
 
     def _phys_page(self, pool: object, page: int) -> int:
         slot = torch.tensor([page * self.page_size])
@@ -51,14 +53,19 @@ class PageMover:
     def _kv(self) -> list[tuple[object, int]]:
         return [(self.pools, layer) for layer in range(self.target_layers)] + self.draft
 
+    def to_host(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """CPU copies of ``tensors``: page-locked when ``pin`` (a CUDA engine), so load-back is a DMA as in HiCache."""
+        if self.pin:
+            return [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t) for t in tensors]
+        return [t.detach().to("cpu", copy=True) for t in tensors]
+
     def save_page(self, page: int) -> list[torch.Tensor]:
         """Host copies of K and V of ``page`` in every layer of every pool (target first, then draft)."""
-        out = []
+        views = []
         for pool, layer in self._kv():
             phys = self._phys_page(pool, page)
-            for view in pool.kv_views(layer):
-                out.append(view[phys].detach().to("cpu", copy=True))
-        return out
+            views.extend(view[phys] for view in pool.kv_views(layer))
+        return self.to_host(views)
 
     def load_page(self, page: int, data: list[torch.Tensor]) -> None:
         """Write host copies back into ``page``; under the fault the draft's K/V is left zeroed."""
@@ -75,7 +82,7 @@ class PageMover:
     def save_state(self, slot: int) -> list[torch.Tensor]:
         """Host copies of conv and SSM state of ``slot`` in every Mamba layer."""
         (phys,) = self.pools.to_physical_state([slot])
-        return [v[phys].detach().to("cpu", copy=True) for i in range(self.mamba_layers) for v in self.pools.state_views(i)]
+        return self.to_host([v[phys] for i in range(self.mamba_layers) for v in self.pools.state_views(i)])
 
     def load_state(self, slot: int, data: list[torch.Tensor]) -> None:
         """Write a saved snapshot into ``slot``."""
@@ -91,11 +98,50 @@ class PageMover:
 
 
 class HostPool:
-    """Page and snapshot copies in host memory, keyed by chained page hash (unbounded: L2 never evicts here)."""
+    """L2: page and snapshot copies in host memory, keyed by chained page hash, LRU within ``capacity`` pages.
 
-    def __init__(self) -> None:
-        self.pages: dict[str, list[torch.Tensor]] = {}
+    A page whose key is ``resident`` (L1 holds it too) is never evicted: a write-through L1 drops
+    an evicted page trusting L2 to hold it, so only copies of pages L1 no longer holds may go
+    (SGLang's ``HiRadixCache.evict_host`` likewise evicts only device-evicted nodes). A snapshot
+    lives and dies with the page that ends at its position. ``capacity`` None: unbounded.
+    """
+
+    def __init__(self, capacity: int | None = None) -> None:
+        if capacity is not None and capacity < 0:
+            raise ValueError(f"host pool capacity must be >= 0 pages, got {capacity}")
+        self.capacity = capacity
+        self.pages: OrderedDict[str, list[torch.Tensor]] = OrderedDict()  # oldest first
         self.snapshots: dict[str, list[torch.Tensor]] = {}
+        self.resident: set[str] = set()
+        self.evicted = 0   # pages L2 dropped to make room (still in L3 when there is one)
+        self.refused = 0   # pages L2 could not take: full of pages L1 still holds
 
     def __len__(self) -> int:
         return len(self.pages)
+
+    def put(self, key: str, page: list[torch.Tensor]) -> bool:
+        """Keep ``page`` under ``key`` as the most recent, evicting the oldest non-resident copy if full."""
+        if key in self.pages:
+            self.pages.move_to_end(key)
+            return True
+        if self.capacity is not None and len(self.pages) >= self.capacity:
+            victim = next((k for k in self.pages if k not in self.resident), None)
+            if victim is None:
+                self.refused += 1
+                return False
+            del self.pages[victim]
+            self.snapshots.pop(victim, None)
+            self.evicted += 1
+        self.pages[key] = page
+        return True
+
+    def put_snapshot(self, key: str, state: list[torch.Tensor]) -> None:
+        """Keep a Mamba snapshot at the end of page ``key`` (only while L2 holds that page)."""
+        if key in self.pages:
+            self.snapshots[key] = state
+
+    def touch(self, keys: Sequence[str]) -> None:
+        """Mark ``keys`` most recently used (L1 just demoted them: they are L2's freshest copies)."""
+        for key in keys:
+            if key in self.pages:
+                self.pages.move_to_end(key)

@@ -16,6 +16,8 @@ Ownership of pages and slots, step by step:
 - ``evict`` gives each evicted node's pages to ``free_pages`` and its slot to ``free_state``,
   exactly once, and forgets them.
 - ``lock`` / ``unlock`` move no ownership; they pin a path against ``evict``.
+- ``load_back(tokens, match)`` commits a tiered cache's ``match.pending`` once the caller has
+  made room: it returns a longer match (whose node the caller locks instead), or ``match``.
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ class MatchResult:
     state_slot: int | None
     host_tokens: int = 0     # of matched_tokens, how many L2 (host) loaded back into L1
     storage_tokens: int = 0  # of matched_tokens, how many L3 (storage) loaded back through L2 into L1
+    pending: object | None = None  # a load-back from the tiers below that ``load_back`` may commit
 
 
 @dataclass(slots=True)
@@ -115,8 +118,12 @@ class RadixCache:
         """Whether hits must end at a Mamba state snapshot."""
         return self._free_state is not None
 
-    def attach(self, mover: object) -> None:
-        """L1 alone copies no page anywhere, so it needs no page mover."""
+    def attach(self, mover: object, host_pages: int | None = None) -> None:
+        """L1 alone copies no page anywhere, so it needs no page mover and has no L2."""
+
+    def load_back(self, tokens: Sequence[int], match: MatchResult) -> MatchResult:
+        """No tier below L1: nothing to load, the match stands."""
+        return match
 
     def match_prefix(self, tokens: Sequence[int]) -> MatchResult:
         """Longest cached whole-page prefix of ``tokens`` (hybrid: cut back to the deepest snapshot)."""
@@ -370,8 +377,12 @@ class NoCache:
         """Whether the caller runs a hybrid model (kept for interface parity)."""
         return self._hybrid
 
-    def attach(self, mover: object) -> None:
+    def attach(self, mover: object, host_pages: int | None = None) -> None:
         """Nothing is cached, so nothing moves between tiers."""
+
+    def load_back(self, tokens: Sequence[int], match: MatchResult) -> MatchResult:
+        """No tier below L1: nothing to load, the match stands."""
+        return match
 
     def match_prefix(self, tokens: Sequence[int]) -> MatchResult:
         """Always a miss."""

@@ -1,20 +1,40 @@
 """cache=host: the L1 radix cache over an L2 host pool (HiCache's ``HiRadixCache``, simplified).
 
 Write policies: ``write_through`` copies a prompt's pages (and snapshots) to L2 when the tree
-adopts them; ``write_back`` copies a node only when L1 evicts it. Either way an evicted page
-is still in L2, and a match that L2 extends past L1 loads those pages back into fresh device
-pages (and a snapshot into a fresh slot) before the request runs: bitwise copies, so a warm
-pass from L2 is indistinguishable from one from L1. ``MatchResult.host_tokens`` says how much of
-a hit came from L2. A hybrid hit from L2 must end at a saved snapshot, as on L1.
+adopts them; ``write_back`` copies a node only when L1 evicts it. L2 is LRU within its capacity
+(``attach(host_pages=...)``) and never drops a page L1 still holds, so an L1 eviction moves a
+page down and L2 pressure drops the oldest copies L1 no longer has (to L3, for cache=storage,
+which holds everything written through). A match that the tiers below extend past L1 first
+gathers the copies, then loads them into fresh device pages (and a snapshot into a fresh slot)
+before the request runs: bitwise copies, so a warm pass from below is indistinguishable from
+one from L1. ``MatchResult.host_tokens`` / ``storage_tokens`` count the pages each tier
+supplied. A hybrid hit from below must end at a saved snapshot, as on L1.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
 
 from reference_impl.host_pool import HostPool, PageMover, page_hashes
 from reference_impl.radix_cache import InsertResult, MatchResult, RadixCache, TreeNode
 
 WRITE_POLICIES = ("write_through", "write_back")
+
+Copies = dict[str, list[torch.Tensor]]  # chained page hash -> host copy of a page (or a snapshot)
+
+
+@dataclass(slots=True)
+class LoadPlan:
+    """What the tiers below add to an L1 match: copies for L1's missing pages up to ``end`` tokens."""
+
+    end: int
+    start: int                       # pages L1 held when planned (the copies start there)
+    pages: Copies                    # in order, every page past the ones L1 holds
+    snapshot: list[torch.Tensor] | None = None  # hybrid: the state at ``end``
+    fetched: Copies = field(default_factory=dict)            # pages L3 supplied (the rest came from L2)
+    fetched_snapshots: Copies = field(default_factory=dict)  # snapshots L3 supplied
 
 
 class HostCache(RadixCache):
@@ -26,89 +46,113 @@ class HostCache(RadixCache):
     def __init__(
         self, page_size: int, free_pages: Callable[[list[int]], None], free_state: Callable[[int], None] | None = None
     ) -> None:
-        """Build an empty L1 tree and an empty L2 pool; ``attach`` gives it the pools to copy from."""
+        """Build an empty L1 tree and an unbounded L2; ``attach`` gives it the pools and L2's size."""
         super().__init__(page_size, free_pages, free_state)
         self.host = HostPool()
         self.mover: PageMover | None = None
-        self._fetched: set[str] = set()  # keys a tier below L2 supplied during the current match
 
-    def attach(self, mover: PageMover) -> None:
-        """Take the engine's page mover (pools, draft layers, Mamba layers, faults)."""
+    def attach(self, mover: PageMover, host_pages: int | None = None) -> None:
+        """Take the engine's page mover (pools, draft layers, Mamba layers, faults) and an L2 of ``host_pages``."""
         self.mover = mover
+        self.host = HostPool(host_pages)
 
     def insert(
         self, tokens: Sequence[int], pages: Sequence[int], snapshots: Mapping[int, int] | None = None
     ) -> InsertResult:
         """Insert into L1; under write-through also copy every page and snapshot L2 lacks."""
         result = super().insert(tokens, pages, snapshots)
+        keys = page_hashes(tokens, self.page_size, len(pages))
+        self.host.resident.update(keys)
         if self.write_policy == "write_through":
-            self._save(tokens, 0, list(pages), dict(snapshots or {}))
+            self._save(keys, 0, list(pages), dict(snapshots or {}))
         return result
 
     def match_prefix(self, tokens: Sequence[int]) -> MatchResult:
-        """L1's hit, extended from lower tiers when they hold a longer prefix (loaded back before returning)."""
-        self._fetched = set()
+        """L1's hit; ``pending`` plans the load-back when lower tiers hold a longer prefix (nothing moves yet)."""
         device = super().match_prefix(tokens)
-        end = self._host_end(tokens)
-        if end <= device.matched_tokens or not self._load(tokens, end):
-            return device
-        result = super().match_prefix(tokens)
-        keys = page_hashes(tokens, self.page_size, result.matched_tokens // self.page_size)
-        below = sum(k in self._fetched for k in keys[device.matched_tokens // self.page_size:])
-        result.storage_tokens = below * self.page_size
-        result.host_tokens = result.matched_tokens - device.matched_tokens - result.storage_tokens
+        plan = self._plan(tokens)
+        if plan.end > device.matched_tokens:
+            device.pending = plan
+        return device
+
+    def load_back(self, tokens: Sequence[int], match: MatchResult) -> MatchResult:
+        """Load ``match.pending`` into L1 (L3 → L2 → L1) and return the longer match; ``match`` if it cannot."""
+        plan = match.pending
+        if plan is None or not self._load(tokens, plan):
+            return match
+        result = RadixCache.match_prefix(self, tokens)
+        from_storage = sum(key in plan.fetched for key in plan.pages)
+        result.storage_tokens = from_storage * self.page_size
+        result.host_tokens = (len(plan.pages) - from_storage) * self.page_size
         return result
 
-    def demote_all(self) -> None:
-        """Evict every unlocked L1 page to the tiers below (what capacity pressure does, all at once)."""
-        self.evict(self.evictable_pages())
-
-    def _save(self, tokens: Sequence[int], start: int, pages: list[int], snapshots: dict[int, int]) -> None:
-        """Copy pages (of positions ``start`` on) and snapshots (absolute positions) into L2."""
-        first = start // self.page_size
-        keys = page_hashes(tokens, self.page_size, first + len(pages))
+    def _save(self, keys: list[str], first: int, pages: list[int], snapshots: dict[int, int]) -> None:
+        """Copy pages ``keys[first:]`` and snapshots (by absolute position) that L2 lacks, and keep them."""
+        copies: Copies = {}
         for key, page in zip(keys[first:], pages):
-            if key not in self.host.pages:
-                self.host.pages[key] = self.mover.save_page(page)
+            if key in self.host.pages:
+                self.host.touch([key])
+            else:
+                copies[key] = self.mover.save_page(page)
+        states: Copies = {}
         for pos, slot in snapshots.items():
             key = keys[pos // self.page_size - 1]
             if key not in self.host.snapshots and self.mover.keeps_snapshot(pos):
-                self.host.snapshots[key] = self.mover.save_state(slot)
+                states[key] = self.mover.save_state(slot)
+        self._keep(copies, states)
+
+    def _keep(self, pages: Copies, snapshots: Copies) -> None:
+        """Put fresh copies into L2 (StorageCache also writes them through to L3)."""
+        for key, page in pages.items():
+            self.host.put(key, page)
+        for key, state in snapshots.items():
+            self.host.put_snapshot(key, state)
 
     def _remove_leaf(self, node: TreeNode) -> int:
-        """Evict a leaf; under write-back copy it to L2 first."""
+        """Evict a leaf down to L2: write-back copies it now, write-through marks L2's copy most recent."""
+        prefix = [t for n in reversed(self._path_to_root(node)) for t in n.key]
+        keys = page_hashes(prefix, self.page_size, len(prefix) // self.page_size)
+        first = len(keys) - len(node.pages)
         if self.write_policy == "write_back":
-            prefix = [t for n in reversed(self._path_to_root(node)) for t in n.key]
-            start = len(prefix) - len(node.key)
             snaps = {len(prefix): node.state_slot} if node.state_slot is not None else {}
-            self._save(prefix, start, list(node.pages), snaps)
+            self._save(keys, first, list(node.pages), snaps)
+        else:
+            self.host.touch(keys[first:])
+        self.host.resident.difference_update(keys[first:])
         return super()._remove_leaf(node)
 
-    def _host_end(self, tokens: Sequence[int]) -> int:
-        """How far L1 pages followed by L2 pages cover ``tokens`` (hybrid: to the deepest L2 snapshot)."""
+    def _plan(self, tokens: Sequence[int]) -> LoadPlan:
+        """The copies that extend L1's pages for ``tokens`` from L2, then L3 (hybrid: to the deepest snapshot)."""
         path, partial = self._walk(tokens)
         on_device = sum(len(n.pages) for n in path) + (partial[1] // self.page_size if partial else 0)
         keys = page_hashes(tokens, self.page_size, len(tokens) // self.page_size)
         covered = on_device
         while covered < len(keys) and keys[covered] in self.host.pages:
             covered += 1
-        covered = self._fetch_below(keys, covered)
-        if not self.is_hybrid:
-            return covered * self.page_size
-        ends = [i + 1 for i in range(covered) if keys[i] in self.host.snapshots]
-        return max(ends, default=0) * self.page_size
+        fetched, fetched_snapshots = self._fetch_below(keys, covered)
+        covered += len(fetched)
+        end, snapshot = covered, None
+        if self.is_hybrid:
+            snapshots = {**self.host.snapshots, **fetched_snapshots}
+            end = max((i + 1 for i in range(covered) if keys[i] in snapshots), default=0)
+            snapshot = snapshots[keys[end - 1]] if end else None
+        pages = {key: self.host.pages[key] if key in self.host.pages else fetched[key] for key in keys[on_device:end]}
+        return LoadPlan(end * self.page_size, on_device, pages, snapshot, fetched, fetched_snapshots)
 
-    def _fetch_below(self, keys: list[str], covered: int) -> int:
-        """Pages a tier below L2 adds to L2 past ``covered`` (none for cache=host); the new cover."""
-        return covered
+    def _fetch_below(self, keys: list[str], covered: int) -> tuple[Copies, Copies]:
+        """Pages a tier below L2 holds past ``covered`` (and snapshots up to them); none for cache=host."""
+        return {}, {}
 
-    def _load(self, tokens: Sequence[int], end: int) -> bool:
-        """Load L2 pages (and the snapshot at ``end``) into L1 so L1 matches ``tokens[:end]``."""
+    def _load(self, tokens: Sequence[int], plan: LoadPlan) -> bool:
+        """Load the plan's copies into fresh L1 pages (and slot) so L1 matches ``tokens[:plan.end]``."""
+        end = plan.end
         path, partial = self._walk(tokens[:end])
         if partial is not None:
             path.append(self._split(*partial))
         node = path[-1] if path else self._root
         device_pages = [p for n in path for p in n.pages]
+        if len(device_pages) != min(plan.start, end // self.page_size):
+            return False  # L1 evicted planned pages since the match (an unlocked hybrid tail): stay with L1's hit
         self.lock(node)
         try:
             fresh, slot = self._reserve(end // self.page_size - len(device_pages))
@@ -116,18 +160,19 @@ class HostCache(RadixCache):
             self.unlock(node)
         if fresh is None:
             return False
-        keys = page_hashes(tokens, self.page_size, end // self.page_size)
-        for key, page in zip(keys[len(device_pages):], fresh):
-            self.mover.load_page(page, self.host.pages[key])
+        for page, data in zip(fresh, plan.pages.values()):
+            self.mover.load_page(page, data)
         snapshots = {}
         if slot is not None:
-            self.mover.load_state(slot, self.host.snapshots[keys[-1]])
+            self.mover.load_state(slot, plan.snapshot)
             snapshots = {end: slot}
         result = RadixCache.insert(self, tokens[:end], device_pages + fresh, snapshots)
         if result.unused_pages:
             self._free_pages(result.unused_pages)
         for unused in result.unused_slots:
             self._free_state(unused)
+        self.host.resident.update(page_hashes(tokens, self.page_size, end // self.page_size))
+        HostCache._keep(self, plan.fetched, plan.fetched_snapshots)  # L3 → L2 → L1: L2 keeps what L3 sent
         return True
 
     def _reserve(self, n: int) -> tuple[list[int] | None, int | None]:

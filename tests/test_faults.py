@@ -55,12 +55,12 @@ cache = ["off", "device"]
 page_size = [16]
 """
 
-#: every cache tier × proposer × model, on the workload whose warm pass hits prompts (from L2 when tiered).
+#: every cache tier × proposer × model, on the workloads whose warm pass reloads tails from L2 and from L3.
 TIER_FAULTS = """
 [matrix]
 name = "tier_faults"
 mode = "full"
-workloads = ["system_prompt"]
+workloads = ["spill_host", "spill_storage"]
 
 [factors]
 model = ["dense", "hybrid"]

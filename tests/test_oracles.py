@@ -14,7 +14,9 @@ from reference_impl.request import RequestOutput
 
 def output(rid: str, tokens: list[int], margin: float = 1.0, cached: int = 0) -> RequestOutput:
     n = len(tokens)
-    return RequestOutput(rid, list(tokens), [-0.5] * n, [[t] for t in tokens], [[-0.5]] * n, [margin] * n, cached, "length")
+    out = RequestOutput(rid, list(tokens), [-0.5] * n, [[t] for t in tokens], [[-0.5]] * n, [margin] * n, cached, "length")
+    out.cached_device = cached  # from L1 unless a test moves it to a lower tier
+    return out
 
 
 def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None, **changes) -> PassView:
@@ -96,9 +98,9 @@ def test_nan_fails_on_sentinel_event_and_on_nan_logprob() -> None:
 
 def test_cached_tokens_fails_on_wrong_count() -> None:
     outs = baseline()
-    outs[0].cached_tokens = 4
+    outs[0].cached_tokens = outs[0].cached_device = 4
     v = ORACLES["cached_tokens"]([view(outs, baseline())])
-    assert v.status == "fail" and v.detail[0] == {"workload": "w", "pass": "warm", "request": "a", "expected": "8", "got": 4}
+    assert v.status == "fail" and v.detail[0] == {"workload": "w", "pass": "warm", "request": "a", "expected": "8", "got": "4"}
 
 
 @pytest.mark.parametrize(

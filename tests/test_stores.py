@@ -6,7 +6,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,9 +22,8 @@ from reference_impl.stores import FileStore, RedisStore, StoreError
 LEVELS = {"cache": "storage", "model": "dense", "page_size": 16}
 
 
-def engine(store: str, location: str, tenant: str = "a", model: str = "dense") -> Engine:
-    workload = load_workload("system_prompt")
-    config = build_engine_config({**LEVELS, "model": model, "store": store}, workload, frozenset())
+def engine(store: str, location: str, tenant: str = "a", model: str = "dense", workload: str = "system_prompt") -> Engine:
+    config = build_engine_config({**LEVELS, "model": model, "store": store}, load_workload(workload), frozenset())
     return Engine(replace(config, store_location=location, tenant=tenant))
 
 
@@ -55,22 +54,38 @@ def test_two_instances_sharing_a_file_store_reuse_prefixes(tmp_path: Path, model
     assert all(a.tokens == b.tokens and a.logprobs == b.logprobs for a, b in zip(first, second))
 
 
+@pytest.mark.parametrize("model", ["dense", "hybrid"])
+def test_tails_l2_cannot_keep_come_back_from_the_store(model: str) -> None:
+    workload = load_workload("spill_storage")
+    run = run_workload({**LEVELS, "model": model, "store": "file"}, workload, frozenset())
+    cold, warm = ({o.rid: o for o in run.passes[p].outputs} for p in ("cold", "warm"))
+    assert all(warm[r].tokens == cold[r].tokens and warm[r].logprobs == cold[r].logprobs for r in cold)
+    split = {(warm[r].cached_device, warm[r].cached_host, warm[r].cached_storage) for r in workload.tail_rids()}
+    assert split == {(32, 0, 16)}  # the head from L1, each tail from L3 through L2
+
+
 def test_no_hit_crosses_tenants(tmp_path: Path) -> None:
     first, second = serve_twice("file", str(tmp_path), "b")
     assert sum(o.cached_storage for o in second) == 0
     assert all(a.tokens == b.tokens for a, b in zip(first, second))
 
 
-def test_a_removed_store_directory_turns_into_misses(tmp_path: Path) -> None:
-    requests = load_workload("system_prompt").requests
-    eng = engine("file", str(tmp_path))
-    cold = {o.rid: o for o in eng.generate(requests)}
-    eng.cache.demote_all()
-    shutil.rmtree(tmp_path)
-    warm = eng.generate(requests)
-    assert all(o.cached_tokens == 0 and o.tokens == cold[o.rid].tokens for o in warm)
-    assert eng.cache.store_errors and "does not exist" in eng.cache.store_errors[0]
+def serve_spill_losing_the_store(store: str, location: str, lose: Callable[[], None]) -> Engine:
+    """Serve spill_storage cold, ``lose`` the store, serve it warm: tails the store held become misses."""
+    workload = load_workload("spill_storage")
+    eng = engine(store, location, workload="spill_storage")
+    cold = {o.rid: o for o in eng.generate(workload.requests)}
+    lose()
+    warm = {o.rid: o for o in eng.generate(workload.requests)}
+    assert all(o.tokens == cold[o.rid].tokens and o.logprobs == cold[o.rid].logprobs for o in warm.values())
+    assert {(warm[r].cached_tokens, warm[r].cached_storage) for r in workload.tail_rids()} == {(32, 0)}  # head only
     assert not eng.audit()
+    return eng
+
+
+def test_a_removed_store_directory_turns_into_misses(tmp_path: Path) -> None:
+    eng = serve_spill_losing_the_store("file", str(tmp_path), lambda: shutil.rmtree(tmp_path))
+    assert eng.cache.store_errors and "does not exist" in eng.cache.store_errors[0]
 
 
 def _free_port() -> int:
@@ -126,14 +141,12 @@ def test_two_instances_sharing_redis_reuse_prefixes(redis_url: tuple[str, subpro
 
 def test_redis_stopped_mid_run_gives_no_wrong_token(redis_url: tuple[str, subprocess.Popen]) -> None:
     url, proc = redis_url
-    requests = load_workload("system_prompt").requests
-    eng = engine("redis", url)
-    cold = {o.rid: o for o in eng.generate(requests)}
-    eng.cache.demote_all()
-    proc.terminate()
-    proc.wait(timeout=10)
-    warm = eng.generate(requests)
-    assert all(o.cached_tokens == 0 and o.tokens == cold[o.rid].tokens for o in warm)
+
+    def stop() -> None:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+    eng = serve_spill_losing_the_store("redis", url, stop)
     assert eng.cache.store_errors and "redis" in eng.cache.store_errors[0]
 
 
@@ -151,6 +164,6 @@ def test_harness_runs_sharing_one_redis_do_not_share_prefixes(
     monkeypatch.setenv("KVMATRIX_REDIS_URL", redis_url[0])
     levels = {**LEVELS, "store": "redis"}
     for _ in range(2):
-        run = run_workload(levels, load_workload("system_prompt"), frozenset())
+        run = run_workload(levels, load_workload("spill_storage"), frozenset())
         assert sum(o.cached_storage for o in run.passes["cold"].outputs) == 0
         assert sum(o.cached_storage for o in run.passes["warm"].outputs) > 0

@@ -1,4 +1,4 @@
-"""cache=host: write policies, bitwise load-back of every pool a page spans, per-tier cached_tokens."""
+"""cache=host: write policies, a bounded L2, bitwise load-back of every pool a page spans, per-tier cached_tokens."""
 from __future__ import annotations
 
 import copy
@@ -10,18 +10,26 @@ from fixtures.workloads import CachedExpectation, load_workload
 from harness.oracles import cached_tokens_oracle
 from harness.runner import run_workload
 from reference_impl.config import DENSE, HYBRID
-from reference_impl.host_pool import PageMover, page_hashes
+from reference_impl.host_pool import HostPool, PageMover, page_hashes
 from reference_impl.kv_pool import StaticPools
 from reference_impl.tiered_cache import HostCache, WriteBackHostCache
+from reference_impl.radix_cache import MatchResult
 from tests.test_oracles import output, view
 
 
-def cache_with_pool(cls: type, model=DENSE, pages: int = 8) -> tuple[HostCache, StaticPools]:
+def cache_with_pool(
+    cls: type, model=DENSE, pages: int = 8, host_pages: int | None = None
+) -> tuple[HostCache, StaticPools]:
     pools = StaticPools(model, page_size=2, num_pages=pages, num_state_slots=4)
     free_state = (lambda slot: pools.free_state_slots([slot])) if model.is_hybrid else None
     cache = cls(2, pools.free_pages, free_state)
-    cache.attach(PageMover(pools, 2, len(model.attention_layers), [], len(model.mamba_layers)))
+    cache.attach(PageMover(pools, 2, len(model.attention_layers), [], len(model.mamba_layers)), host_pages)
     return cache, pools
+
+
+def hit(cache: HostCache, tokens: list[int]) -> MatchResult:
+    """Match, then commit the load-back, as the engine does once the request fits."""
+    return cache.load_back(tokens, cache.match_prefix(tokens))
 
 
 def fill(pools: StaticPools, pages: list[int], value: float) -> None:
@@ -57,7 +65,7 @@ def test_evicted_pages_load_back_bitwise(cls: type) -> None:
     cache.insert([1, 2, 3, 4], pages)
     cache.evict(2)
     fill(pools, list(range(8)), 0.0)
-    match = cache.match_prefix([1, 2, 3, 4, 5])
+    match = hit(cache, [1, 2, 3, 4, 5])
     assert match.matched_tokens == 4 and match.host_tokens == 4
     assert all(torch.equal(pools.kv_views(0)[0][p], b) for p, b in zip(match.pages, before))
     cache.check_integrity()
@@ -71,7 +79,7 @@ def test_hybrid_load_back_restores_the_snapshot() -> None:
     conv[slot], ssm[slot] = 7.0, 8.0
     cache.insert([1, 2, 3, 4], pages, {4: slot})
     cache.evict(2)
-    match = cache.match_prefix([1, 2, 3, 4, 5])
+    match = hit(cache, [1, 2, 3, 4, 5])
     assert match.host_tokens == 4 and match.state_slot is not None
     assert torch.all(pools.state_views(0)[0][match.state_slot] == 7.0)
     assert torch.all(pools.state_views(0)[1][match.state_slot] == 8.0)
@@ -83,31 +91,76 @@ def test_load_back_fails_cleanly_when_l1_has_no_room() -> None:
     cache.insert([1, 2, 3, 4], pages)
     cache.evict(2)
     held = pools.alloc_pages(2)
-    assert cache.match_prefix([1, 2, 3, 4, 5]).matched_tokens == 0
+    assert hit(cache, [1, 2, 3, 4, 5]).matched_tokens == 0
     pools.free_pages(held)
     assert pools.num_free_pages == 2
+
+
+def test_a_match_plans_the_load_back_and_moves_nothing() -> None:
+    cache, pools = cache_with_pool(HostCache)
+    cache.insert([1, 2, 3, 4], pools.alloc_pages(2))
+    cache.evict(2)
+    free = pools.num_free_pages
+    match = cache.match_prefix([1, 2, 3, 4, 5])
+    assert match.matched_tokens == 0 and match.pending is not None
+    assert pools.num_free_pages == free and cache.cached_pages() == 0  # a request that then does not fit costs nothing
+    assert cache.load_back([1, 2, 3, 4, 5], match).host_tokens == 4
+
+
+def test_host_pool_drops_the_oldest_copy_l1_no_longer_holds() -> None:
+    pool = HostPool(capacity=2)
+    pool.resident.add("a")
+    assert pool.put("a", []) and pool.put("b", [])
+    assert pool.put("c", []) and list(pool.pages) == ["a", "c"] and pool.evicted == 1  # "a" is still in L1
+    pool.resident.add("c")
+    assert not pool.put("d", []) and pool.refused == 1  # every copy is one L1 relies on
+    pool.resident.discard("a")
+    pool.touch(["a"])  # demoted: now the freshest copy, yet the only one L2 may drop
+    assert pool.put("d", []) and list(pool.pages) == ["c", "d"]
+
+
+def test_l2_pressure_loses_the_oldest_evicted_prefix() -> None:
+    cache, pools = cache_with_pool(HostCache, pages=4, host_pages=2)
+    cache.insert([1, 2, 3, 4], pools.alloc_pages(2))
+    cache.evict(2)
+    cache.insert([5, 6, 7, 8], pools.alloc_pages(2))  # L2 drops [1..4] to keep [5..8]
+    assert hit(cache, [1, 2, 3, 4, 5]).matched_tokens == 0
+    cache.evict(2)
+    assert hit(cache, [5, 6, 7, 8, 9]).host_tokens == 4
+    cache.check_integrity()
 
 
 @pytest.mark.parametrize("model, spec, pool", [("dense", "draft", "unified"), ("hybrid", "mtp", "static")])
 def test_warm_pass_from_l2_matches_the_cold_pass_bitwise(model: str, spec: str, pool: str) -> None:
     levels = {"cache": "host", "model": model, "spec": spec, "pool": pool, "page_size": 16}
-    run = run_workload(levels, load_workload("system_prompt"), frozenset())
+    workload = load_workload("spill_host")
+    run = run_workload(levels, workload, frozenset())
     cold, warm = ({o.rid: o for o in run.passes[p].outputs} for p in ("cold", "warm"))
     assert all(warm[r].tokens == cold[r].tokens and warm[r].logprobs == cold[r].logprobs for r in cold)
-    assert sum(o.cached_host for o in warm.values()) > 0
-    assert all(o.cached_device + o.cached_host == o.cached_tokens for o in warm.values())
+    tails = workload.tail_rids()
+    assert {(warm[r].cached_device, warm[r].cached_host) for r in tails} == {(32, 16)}  # head in L1, tail from L2
     assert not run.passes["warm"].audit
 
 
 def test_cached_tokens_oracle_checks_the_tier_split() -> None:
-    out = output("a", [1, 2], cached=16)
-    out.cached_host = 16
-    expected = {"a": CachedExpectation(16, 16, 16)}
-    assert cached_tokens_oracle([view([out], expected_cached=expected, tiered=True)]).status == "pass"
+    out = output("a", [1, 2], cached=48)
+    out.cached_device, out.cached_host = 32, 16
+    expected = {"a": CachedExpectation(48, 48, 16, host=16)}
+    assert cached_tokens_oracle([view([out], expected_cached=expected)]).status == "pass"
     wrong_sum = copy.deepcopy(out)
-    wrong_sum.cached_device = 16
-    assert cached_tokens_oracle([view([wrong_sum], expected_cached=expected, tiered=True)]).status == "fail"
-    device_only = copy.deepcopy(out)
-    device_only.cached_host, device_only.cached_device = 0, 16
-    verdict = cached_tokens_oracle([view([device_only], expected_cached=expected, tiered=True)])
-    assert verdict.status == "fail" and "lower tier" in str(verdict.detail)
+    wrong_sum.cached_device = 48
+    verdict = cached_tokens_oracle([view([wrong_sum], expected_cached=expected)])
+    assert verdict.status == "fail" and "48 + host 16" in verdict.detail[0]["got"]
+    from_l1 = copy.deepcopy(out)
+    from_l1.cached_host, from_l1.cached_device = 0, 48
+    verdict = cached_tokens_oracle([view([from_l1], expected_cached=expected)])
+    assert verdict.status == "fail" and verdict.detail[0]["expected"] == "48 (host 16)" and verdict.detail[0]["got"] == "48"
+    free_split = {"a": CachedExpectation(0, 48, 16, host=None, storage=None)}
+    assert cached_tokens_oracle([view([from_l1], expected_cached=free_split)]).status == "pass"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked host memory needs a CUDA device")
+def test_host_copies_of_cuda_pages_are_pinned() -> None:
+    copies = PageMover(None, 1, 0, pin=True).to_host([torch.ones(4, device="cuda")])
+    assert copies[0].device.type == "cpu" and copies[0].is_pinned() and torch.equal(copies[0], torch.ones(4))
