@@ -168,6 +168,10 @@ def _metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, 
         "harness_seconds": round(max(wall - engine - golden_seconds, 0.0), 4),
         "tokens_per_s": round(generated / engine, 1) if engine else None,
         "cached_tokens_warm": sum(o.cached_tokens for r in runs for o in r.passes["warm"].outputs),
+        "cached_tokens_warm_by_tier": {
+            tier: sum(getattr(o, f"cached_{tier}") for r in runs for o in r.passes["warm"].outputs)
+            for tier in ("device", "host", "storage")
+        },
         "cached_tokens_cold": sum(o.cached_tokens for r in runs for o in r.passes["cold"].outputs),
         "preemptions": sum(r.stats.preemptions for r in runs),
         **_spec_metrics(runs),

@@ -130,9 +130,13 @@ def test_l2_pressure_loses_the_oldest_evicted_prefix() -> None:
     cache.check_integrity()
 
 
-@pytest.mark.parametrize("model, spec, pool", [("dense", "draft", "unified"), ("hybrid", "mtp", "static")])
-def test_warm_pass_from_l2_matches_the_cold_pass_bitwise(model: str, spec: str, pool: str) -> None:
-    levels = {"cache": "host", "model": model, "spec": spec, "pool": pool, "page_size": 16}
+@pytest.mark.parametrize("model, spec, pool, cache", [
+    ("dense", "draft", "unified", "host"),
+    ("hybrid", "mtp", "static", "host"),
+    ("hybrid", "draft", "unified", "reference_impl.tiered_cache:WriteBackHostCache"),
+])
+def test_warm_pass_from_l2_matches_the_cold_pass_bitwise(model: str, spec: str, pool: str, cache: str) -> None:
+    levels = {"cache": cache, "model": model, "spec": spec, "pool": pool, "page_size": 16}
     workload = load_workload("spill_host")
     run = run_workload(levels, workload, frozenset())
     cold, warm = ({o.rid: o for o in run.passes[p].outputs} for p in ("cold", "warm"))
