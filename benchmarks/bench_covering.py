@@ -2,7 +2,8 @@
 
 Run as ``python benchmarks/bench_covering.py`` from the repository root. The factor set is
 the one FIELD-NOTES measured (domains 3,2,4,2,2,4,2); "missing" counts allowed t-tuples a
-generator's rows do not cover, checked by ``harness.covering.missing_tuples``.
+generator's rows do not cover, checked by ``harness.covering.missing_tuples``. A last
+line prices the smoke matrix's shape with and without its ``[cost]`` table.
 """
 from __future__ import annotations
 
@@ -67,8 +68,32 @@ def bench_row(t: int, label: str, forbidden: list[dict[int, int]]) -> list[str]:
             f"{len(ours) / bound:.2f}", str(len(greedy)), *their_cells]
 
 
+#: matrices/smoke.toml: model, cache, scheduler, page_size, pool, backend, spec; Triton
+#: (backend 1) is forbidden at page_size 1 and its ``[cost]`` is 50 (unlisted levels 1).
+SMOKE = [2, 3, 2, 2, 2, 2, 4]
+SMOKE_FORBIDDEN = [{5: 1, 3: 0}]
+TRITON_COST = 50.0
+
+
+def smoke_cost_line() -> str:
+    """Rows, Triton rows and total cost of the 2-wise smoke shape without and with its cost table."""
+    allowed = allowed_by(SMOKE_FORBIDDEN)
+    weights = [[1.0] * d for d in SMOKE]
+    weights[5][1] = TRITON_COST
+
+    def cost(row: Row) -> float:
+        return sum(w[level] for w, level in zip(weights, row))
+
+    cells = []
+    for label, priced in (("without [cost]", None), ("with [cost]", cost)):
+        rows, seconds = timed(lambda priced=priced: covering.covering_array(SMOKE, 2, allowed, cost=priced))
+        cells.append(f"{label}: {len(rows)} rows, {sum(row[5] for row in rows)} Triton, "
+                     f"total cost {sum(map(cost, rows)):g} ({seconds:.3f} s)")
+    return f"smoke shape {','.join(map(str, SMOKE))} t=2, triton = {TRITON_COST:g}: " + "; ".join(cells)
+
+
 def main() -> None:
-    """Print the comparison table."""
+    """Print the comparison table, then the smoke shape's cost line."""
     header = ["t", "constraints", "ours rows", "ours missing", "ours s", "lower bound", "ours/LB",
               "greedy rows", "allpairspy rows", "allpairspy missing", "allpairspy s"]
     table = [bench_row(t, label, forbidden)
@@ -78,6 +103,7 @@ def main() -> None:
     print(f"domains {','.join(map(str, DOMAINS))}; forbidden partial rows {FORBIDDEN}")
     for row in [header, ["-" * w for w in widths], *table]:
         print("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
+    print(smoke_cost_line())
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -56,6 +57,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     bound = lower_bound(spec, t)
     print(f"{len(cells)} cells ({spec.mode}{f', t={spec.strength}' if spec.mode == 't-wise' else ''}); "
           f"lower bound for t={t}: {bound} (ratio {len(cells) / bound:.2f})")
+    if spec.cost:
+        print(f"total cost {math.fsum(spec.cost_of(cell) for cell in cells):g} "
+              f"([cost] per cell: sum of its levels' costs, unlisted levels 1)")
     state = "OK" if report.ok else f"MISSING {len(report.missing)}"
     print(f"coverage t={t}: {report.covered}/{report.required} allowed {t}-tuples covered: {state}")
     return 0 if report.ok else 1

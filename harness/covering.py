@@ -15,6 +15,13 @@ and 48 at t=3, on 3,2,4,2,2,4,2). Everything is deterministic: a node count, nev
 clock, bounds the solver, ties go to the first row in lexicographic order, and rows come
 back sorted. Every result is checked against the allowed tuples before it is returned,
 so a gap is never silent.
+
+With a ``cost`` per row, the row count is fixed first (the same search, so never more rows
+than without costs) and a local pass then lowers the total cost: it replaces each chosen
+row by the cheapest allowed row that still covers every tuple only it covered, and drops a
+row that covers nothing alone, until no row changes. That is a local optimum: it finds the
+minimum on the smoke shape (4 Triton rows of 12) but not where two rows must change
+together (2,3,3 at t=2 with one dear level of the first factor: 4 dear rows, 3 possible).
 """
 from __future__ import annotations
 
@@ -82,7 +89,12 @@ def missing_tuples(
 
 
 def covering_array(
-    domains: Sequence[int], t: int, allowed: Callable[[Row], bool], *, method: Method = "auto"
+    domains: Sequence[int],
+    t: int,
+    allowed: Callable[[Row], bool],
+    *,
+    method: Method = "auto",
+    cost: Callable[[Row], float] | None = None,
 ) -> list[Row]:
     """A t-wise covering array of the allowed rows, sorted; ``method`` forces or skips the ILP.
 
@@ -90,19 +102,30 @@ def covering_array(
     and keeps the smaller array (the first on a tie): neither order wins everywhere
     (2,2,2,4,4,2,2,2 at t=3: 37 rows as given, 32 sorted; 3,2,4,2,2,4,2 at t=2: 16 as
     given, 17 sorted), and both are deterministic.
+
+    ``cost(row)`` (finite, >= 0) ranks arrays of equal size: fewest rows first, then least
+    total cost. It is a row predicate's twin, not per-level weights, because the cost pass
+    prices whole candidate rows (no additivity needed) and a caller may price combinations
+    (Triton at page_size 1 dearer than at 16); additive weights are a one-line callable.
     """
     _check_args(domains, t)
     if method not in ("auto", "ilp", "greedy"):
         raise ValueError(f"unknown covering method {method!r} (methods: auto, ilp, greedy)")
-    rows = _covering_array_in_order(domains, t, allowed, method)
+    rows = _covering_array_in_order(domains, t, allowed, method, cost)
     order = sorted(range(len(domains)), key=lambda i: -domains[i])
     if order != sorted(order):
         back = [order.index(i) for i in range(len(domains))]
+
+        def in_caller_order(row: Row) -> Row:
+            return tuple(row[j] for j in back)
+
         permuted = _covering_array_in_order(
-            [domains[i] for i in order], t, lambda row: allowed(tuple(row[j] for j in back)), method
+            [domains[i] for i in order], t, lambda row: allowed(in_caller_order(row)), method,
+            None if cost is None else lambda row: cost(in_caller_order(row)),
         )
-        if len(permuted) < len(rows):
-            rows = [tuple(row[j] for j in back) for row in permuted]
+        permuted = [in_caller_order(row) for row in permuted]
+        if _rank(permuted, cost) < _rank(rows, cost):
+            rows = permuted
     rows = sorted(rows)
     missing = missing_tuples(rows, domains, t, allowed)
     if missing:
@@ -111,8 +134,16 @@ def covering_array(
     return rows
 
 
-def _covering_array_in_order(domains: Sequence[int], t: int, allowed: Callable[[Row], bool], method: Method) -> list[Row]:
-    """The set-cover search itself, on domains already in search order."""
+def _rank(rows: Sequence[Row], cost: Callable[[Row], float] | None) -> tuple[int, float]:
+    """What ``covering_array`` minimises: the row count, then the total cost (0 without one)."""
+    return len(rows), 0.0 if cost is None else math.fsum(cost(row) for row in rows)
+
+
+def _covering_array_in_order(
+    domains: Sequence[int], t: int, allowed: Callable[[Row], bool], method: Method,
+    cost: Callable[[Row], float] | None,
+) -> list[Row]:
+    """The set-cover search itself, on domains already in search order, then the cost pass."""
     candidates = _as_array(allowed_rows(domains, allowed), len(domains))
     if len(candidates) == 0:
         return []
@@ -122,7 +153,19 @@ def _covering_array_in_order(domains: Sequence[int], t: int, allowed: Callable[[
         solved = _lp_guided_ilp(incidence, chosen)
         if len(solved) < len(chosen):
             chosen = solved
+    if cost is not None:
+        chosen = _cheapen(incidence, chosen, _row_costs(candidates, cost))
     return [tuple(int(level) for level in candidates[i]) for i in chosen]
+
+
+def _row_costs(candidates: np.ndarray, cost: Callable[[Row], float]) -> np.ndarray:
+    """``cost`` of every candidate row; a negative or non-finite cost names the row at fault."""
+    costs = np.array([cost(tuple(int(level) for level in row)) for row in candidates], dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(costs) | (costs < 0))
+    if len(bad):
+        row = tuple(int(level) for level in candidates[bad[0]])
+        raise ValueError(f"row cost must be finite and >= 0, got {costs[bad[0]]!r} for row {row}")
+    return costs
 
 
 def _check_args(domains: Sequence[int], t: int) -> None:
@@ -230,6 +273,35 @@ def _greedy_cover(incidence: np.ndarray) -> list[int]:
         hit = np.concatenate([rows_of[starts[k]:starts[k + 1]] for k in fresh])
         gain -= np.bincount(hit, minlength=n_rows)
     return _drop_redundant(ids, n_tuples, chosen)
+
+
+def _cheapen(incidence: np.ndarray, chosen: list[int], costs: np.ndarray) -> list[int]:
+    """Lower the cover's cost without adding rows: swap each row for the cheapest sole-cover-keeping one.
+
+    A row's *sole* tuples are those no other chosen row covers; any candidate holding all of
+    them may replace it and coverage stays complete. Each change strictly lowers the total
+    cost or the row count, so the sweeps end; ties go to the first candidate (lexicographic).
+    """
+    ids, n_tuples = _compact(incidence)
+    times_covered = np.bincount(ids[chosen].ravel(), minlength=n_tuples)
+    rows: list[int | None] = list(chosen)
+    changed = True
+    while changed:
+        changed = False
+        for k, row in enumerate(rows):
+            if row is None:
+                continue
+            sole = np.flatnonzero(times_covered[ids[row]] == 1)
+            times_covered[ids[row]] -= 1
+            if len(sole) == 0:  # every tuple it holds is covered elsewhere: drop it
+                rows[k], changed = None, True
+                continue
+            fits = np.flatnonzero(np.all(ids[:, sole] == ids[row, sole], axis=1))
+            best = int(fits[np.argmin(costs[fits])])
+            kept = best if costs[best] < costs[row] else row
+            rows[k], changed = kept, changed or kept != row
+            times_covered[ids[kept]] += 1
+    return [row for row in rows if row is not None]
 
 
 def _drop_redundant(ids: np.ndarray, n_tuples: int, chosen: list[int]) -> list[int]:

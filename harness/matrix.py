@@ -1,7 +1,8 @@
 """Matrix files: load and validate a TOML matrix, then generate its cells (full, t-wise, ofat).
 
-A matrix names factors and their levels, forbidden combinations (each with a reason) and
-the golden level of some factors. Every problem in a file is reported as one
+A matrix names factors and their levels, forbidden combinations (each with a reason), the
+golden level of some factors, and the relative cost of some levels (t-wise mode puts dear
+levels in as few cells as coverage allows). Every problem in a file is reported as one
 ``MatrixError`` line naming the file, the key and the value at fault, before any cell runs.
 Generation is deterministic: the same file gives the same cells, in the same order, with
 the same ids.
@@ -29,7 +30,7 @@ DEFAULT_GOLDEN: Mapping[str, object] = MappingProxyType(
 )
 MODES = ("full", "t-wise", "ofat")
 DEFAULT_TIMEOUT_S = 600.0
-_TABLES = ("matrix", "factors", "golden", "constraints")
+_TABLES = ("matrix", "factors", "golden", "constraints", "cost")
 _MATRIX_KEYS = ("name", "description", "mode", "strength", "workloads", "timeout_s")
 _CONSTRAINT_KEYS = ("forbid", "reason")
 
@@ -90,10 +91,16 @@ class MatrixSpec:
     golden: Mapping[str, object]
     workloads: tuple[str, ...]
     timeout_s: float
+    #: factor → level → relative cost of a cell at that level (``[cost]``; unlisted levels cost 1).
+    cost: Mapping[str, Mapping[object, float]]
 
     def allows(self, row: Mapping[str, object]) -> bool:
         """Whether no constraint forbids ``row``."""
         return not any(constraint.forbids(row) for constraint in self.constraints)
+
+    def cost_of(self, cell: Cell) -> float:
+        """A cell's cost: the sum over its factors of its level's ``[cost]`` (1 when unlisted)."""
+        return math.fsum(self.cost.get(factor, {}).get(level, 1.0) for factor, level in cell.factors)
 
     def golden_cell(self) -> Cell:
         """The matrix cell closest to golden: golden levels where they are levels of the matrix, else the first."""
@@ -163,7 +170,8 @@ def load_matrix(
     factors = _parse_factors(path, _table(path, doc, "factors", required=True))
     golden = _parse_golden(path, _table(path, doc, "golden", required=False), dict(factors))
     constraints = _parse_constraints(path, doc.get("constraints", []), dict(factors))
-    spec = MatrixSpec(path=path, factors=factors, constraints=constraints, golden=golden, **header)
+    cost = _parse_cost(path, _table(path, doc, "cost", required=False), dict(factors))
+    spec = MatrixSpec(path=path, factors=factors, constraints=constraints, golden=golden, cost=cost, **header)
     if spec.strength is not None:
         _check_strength(spec, spec.strength, "[matrix] strength")
     _check_golden_allowed(spec)
@@ -179,7 +187,8 @@ def generate(spec: MatrixSpec) -> list[Cell]:
     if spec.mode == "t-wise":
         assert spec.strength is not None  # load_matrix requires it for t-wise
         try:
-            rows = covering.covering_array(_domains(spec), spec.strength, _index_predicate(spec))
+            rows = covering.covering_array(_domains(spec), spec.strength, _index_predicate(spec),
+                                           cost=_index_cost(spec))
         except ValueError as exc:
             raise _error(spec.path, "[factors]", str(exc)) from exc
         return [_cell_of_indices(spec, row) for row in rows]
@@ -245,6 +254,14 @@ def _index_predicate(spec: MatrixSpec) -> Callable[[tuple[int, ...]], bool]:
         for constraint in spec.constraints
     ]
     return lambda row: not any(all(row[p] in hit for p, hit in rule) for rule in rules)
+
+
+def _index_cost(spec: MatrixSpec) -> Callable[[tuple[int, ...]], float] | None:
+    """``spec.cost_of`` on level indices, or None without a ``[cost]`` table (rows as before)."""
+    if not spec.cost:
+        return None
+    weights = [[spec.cost.get(factor, {}).get(level, 1.0) for level in levels] for factor, levels in spec.factors]
+    return lambda row: math.fsum(w[i] for w, i in zip(weights, row))
 
 
 def _one_factor_at_a_time(spec: MatrixSpec) -> list[Cell]:
@@ -468,6 +485,32 @@ def _parse_constraint(
                 raise _error(path, key, f"duplicate level {level!r}")
         parsed[factor] = tuple(listed)
     return Constraint(forbid=MappingProxyType(parsed), reason=reason)
+
+
+def _parse_cost(
+    path: Path, table: dict[str, object], factors: dict[str, tuple[object, ...]]
+) -> Mapping[str, Mapping[object, float]]:
+    """Validate ``[cost]``: factor = { level = cost }, over the matrix's levels, each cost a positive number."""
+    parsed: dict[str, Mapping[object, float]] = {}
+    for factor, entry in table.items():
+        key = f"[cost] {factor}"
+        if factor not in factors:
+            _check_factor_name(path, key, factor)
+            raise _error(path, key, f"factor {factor!r} is not in [factors]")
+        _typed(path, key, entry, (dict,), "a table of level = cost")
+        assert isinstance(entry, dict)
+        levels = factors[factor]
+        by_name = {str(level): level for level in levels}  # TOML keys are strings: page_size = { 16 = 3 }
+        costs: dict[object, float] = {}
+        for name, value in entry.items():
+            if name not in by_name:
+                raise _error(path, f"{key}.{name}", f"unknown level {name!r} (levels: {_levels_text(levels)})")
+            _typed(path, f"{key}.{name}", value, (int, float), "a positive number")
+            if not (math.isfinite(value) and value > 0):
+                raise _error(path, f"{key}.{name}", f"{value!r} is not a positive finite cost")
+            costs[by_name[name]] = float(value)
+        parsed[factor] = MappingProxyType(costs)
+    return MappingProxyType(parsed)
 
 
 def _check_strength(spec: MatrixSpec, t: object, key: str) -> None:

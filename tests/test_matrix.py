@@ -259,6 +259,17 @@ BAD = [
     ("golden registry rejects", 'scheduler = "fcfs"\n\n', 'cache = "disk"\n\n', ["[golden] cache", "'disk'"]),
     ("golden not a level", 'scheduler = "fcfs"\n\n', 'page_size = 32\n\n',
      ["[golden] page_size", "golden level 32", "levels: 1, 16"]),
+    ("cost not a table", "[matrix]\n", "cost = 1\n[matrix]\n", ["[cost]", "expected a table", "int 1"]),
+    ("cost unknown factor", "# END", "[cost]\ncahce = { off = 2 }", ["[cost] cahce", "unknown factor"]),
+    ("cost factor not in matrix", "# END", "[cost]\npool = { static = 2 }", ["[cost] pool", "'pool' is not in [factors]"]),
+    ("cost unknown level", "# END", "[cost]\ncache = { disk = 2 }",
+     ["[cost] cache.disk", "unknown level 'disk'", "levels: off, device"]),
+    ("cost not a level table", "# END", "[cost]\ncache = 2", ["[cost] cache", "expected a table", "int 2"]),
+    ("cost string", "# END", '[cost]\ncache = { device = "2" }', ["[cost] cache.device", "positive number", "'2'"]),
+    ("cost bool", "# END", "[cost]\ncache = { device = true }", ["[cost] cache.device", "True"]),
+    ("cost zero", "# END", "[cost]\ncache = { device = 0 }", ["[cost] cache.device", "0 is not a positive finite cost"]),
+    ("cost negative", "# END", "[cost]\ncache = { device = -2.5 }", ["[cost] cache.device", "-2.5 is not a positive"]),
+    ("cost infinite", "# END", "[cost]\ncache = { device = inf }", ["[cost] cache.device", "inf is not a positive"]),
 ]
 
 
@@ -305,3 +316,32 @@ def test_default_golden_outside_the_levels_still_configures_the_golden_run(tmp_p
     (cell,) = matrix.generate(spec)
     assert spec.golden_cell() == cell
     assert spec.golden_of(cell).as_dict() == {"model": "dense", "page_size": 1}
+
+
+def test_cost_table_parses_levels_by_name_and_prices_cells(tmp_path: Path) -> None:
+    spec = load(tmp_path, VALID.replace("# END", '[cost]\npage_size = { 16 = 3 }\ncache = { device = 2.5 }'))
+    assert {factor: dict(levels) for factor, levels in spec.cost.items()} == {"page_size": {16: 3.0},
+                                                                            "cache": {"device": 2.5}}
+    cell = Cell((("model", "dense"), ("cache", "device"), ("scheduler", "fcfs"), ("page_size", 16)))
+    assert spec.cost_of(cell) == 1 + 2.5 + 1 + 3
+
+
+def test_cost_changes_only_t_wise_cells(tmp_path: Path) -> None:
+    plain = load(tmp_path)
+    priced = load(tmp_path, VALID.replace("# END", '[cost]\nmodel = { hybrid = 50 }'))
+    for mode in ("full", "ofat"):
+        as_mode = {"mode": mode, "strength": None}
+        assert matrix.generate(dataclasses.replace(priced, **as_mode)) == matrix.generate(
+            dataclasses.replace(plain, **as_mode))
+    cells = matrix.generate(priced)
+    assert len(cells) == len(matrix.generate(plain)) and matrix.coverage(priced, cells, 2).ok
+
+
+def test_smoke_matrix_cost_keeps_triton_in_the_four_cells_pairwise_needs() -> None:
+    """Triton must meet each of spec's 4 levels; without [cost] the generator puts it in 6 of the 12 cells."""
+    spec = matrix.load_matrix(str(Path(__file__).resolve().parents[1] / "matrices" / "smoke.toml"))
+    assert dict(spec.cost["backend"]) == {"triton": 50.0}
+    cells = matrix.generate(spec)
+    assert len(cells) == matrix.lower_bound(spec, 2) == 12
+    assert sum(cell.level("backend") == "triton" for cell in cells) == 4
+    assert matrix.coverage(spec, cells, 2).ok
