@@ -19,9 +19,10 @@ so a gap is never silent.
 With a ``cost`` per row, the row count is fixed first (the same search, so never more rows
 than without costs) and a local pass then lowers the total cost: it replaces each chosen
 row by the cheapest allowed row that still covers every tuple only it covered, and drops a
-row that covers nothing alone, until no row changes. That is a local optimum: it finds the
-minimum on the smoke shape (4 Triton rows of 12) but not where two rows must change
-together (2,3,3 at t=2 with one dear level of the first factor: 4 dear rows, 3 possible).
+row that covers nothing alone, until no row changes. That is a local optimum (2,3,3 at t=2
+with one dear level of the first factor: 4 dear rows, where 3 need two rows to change
+together), so when the ILP may run, a second one (min total cost, at most that many rows,
+root node) replaces it if cheaper.
 """
 from __future__ import annotations
 
@@ -154,7 +155,10 @@ def _covering_array_in_order(
         if len(solved) < len(chosen):
             chosen = solved
     if cost is not None:
-        chosen = _cheapen(incidence, chosen, _row_costs(candidates, cost))
+        costs = _row_costs(candidates, cost)
+        chosen = _cheapen(incidence, chosen, costs)
+        if method != "greedy" and len(incidence) <= ILP_MAX_ROWS and incidence.size <= ILP_MAX_INCIDENCES:
+            chosen = _cheapest_cover(incidence, chosen, costs)
     return [tuple(int(level) for level in candidates[i]) for i in chosen]
 
 
@@ -226,16 +230,21 @@ def _ilp_worthwhile(incidence: np.ndarray, greedy: list[int]) -> bool:
 
 def _lp_guided_ilp(incidence: np.ndarray, greedy: list[int]) -> list[int]:
     """Indices of a minimum cover among the rows the LP relaxation uses and the greedy rows."""
-    ids, n_tuples = _compact(incidence)
-    n_rows, per_row = ids.shape
-    cover = sparse.csr_array(
-        (np.ones(ids.size), (ids.ravel(), np.repeat(np.arange(n_rows), per_row))),
-        shape=(n_tuples, n_rows),
-    )
+    cover = _cover_matrix(incidence)
     relaxed = _solve_cover(cover, integral=False)
     columns = np.union1d(np.flatnonzero(relaxed > 1e-9), greedy)
     solved = _solve_cover(cover[:, columns], integral=True)
     return [int(columns[i]) for i in np.flatnonzero(solved > 0.5)]
+
+
+def _cover_matrix(incidence: np.ndarray) -> sparse.csr_array:
+    """(tuples × rows) 0/1 matrix: entry (k, r) is 1 when row r contains tuple k."""
+    ids, n_tuples = _compact(incidence)
+    n_rows, per_row = ids.shape
+    return sparse.csr_array(
+        (np.ones(ids.size), (ids.ravel(), np.repeat(np.arange(n_rows), per_row))),
+        shape=(n_tuples, n_rows),
+    )
 
 
 def _solve_cover(cover: sparse.csr_array, *, integral: bool) -> np.ndarray:
@@ -302,6 +311,28 @@ def _cheapen(incidence: np.ndarray, chosen: list[int], costs: np.ndarray) -> lis
             rows[k], changed = kept, changed or kept != row
             times_covered[ids[kept]] += 1
     return [row for row in rows if row is not None]
+
+
+def _cheapest_cover(incidence: np.ndarray, chosen: list[int], costs: np.ndarray) -> list[int]:
+    """The least-cost cover of at most ``len(chosen)`` rows HiGHS finds at the root, if cheaper than ``chosen``.
+
+    It changes rows together where the local pass cannot (2,3,3 at t=2 with one dear level:
+    3 dear rows, not 4); a root node without a feasible cover keeps ``chosen``.
+    """
+    cover = _cover_matrix(incidence)
+    n_rows = cover.shape[1]
+    result = optimize.milp(
+        c=costs,
+        integrality=np.ones(n_rows),
+        bounds=optimize.Bounds(0, 1),
+        constraints=[optimize.LinearConstraint(cover, lb=1, ub=np.inf),
+                     optimize.LinearConstraint(np.ones((1, n_rows)), lb=0, ub=len(chosen))],
+        options={"node_limit": ILP_NODE_LIMIT},
+    )
+    if result.x is None:
+        return chosen
+    picked = [int(i) for i in np.flatnonzero(result.x > 0.5)]
+    return picked if costs[picked].sum() < costs[chosen].sum() else chosen
 
 
 def _drop_redundant(ids: np.ndarray, n_tuples: int, chosen: list[int]) -> list[int]:
