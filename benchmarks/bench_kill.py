@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.killmatrix import check_fault  # noqa: E402
-from harness.matrix import load_matrix  # noqa: E402
+from harness.matrix_file import load_matrix  # noqa: E402
 from harness.runner import GoldenRuns, configure_torch  # noqa: E402
 
 FAULTS = ["unified_extend_virtual_loc", "unified_no_zero_on_issue", "slot_stride_int32"]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from fixtures.workloads import WORKLOADS
 from harness.killmatrix import check_fault
-from harness.matrix import Cell, MatrixError, MatrixSpec, coverage, generate, load_matrix, lower_bound
+from harness.matrix import Cell, MatrixError, MatrixSpec, coverage, generate, lower_bound
+from harness.matrix_file import load_matrix
 from harness.results import ResultsStore, RunInfo
 from harness.runner import GoldenRuns, configure_torch, run_cell
 from reference_impl.faults import FAULTS, UnknownFaultError, check_faults

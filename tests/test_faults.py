@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from harness.killmatrix import check_fault
-from harness.matrix import load_matrix
+from harness.matrix_file import load_matrix
 from harness.runner import GoldenRuns
 from reference_impl.faults import FAULTS
 

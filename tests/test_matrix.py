@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from harness import matrix
+from harness import matrix, matrix_file
 from harness.matrix import Cell, MatrixError, MatrixSpec
 
 VALID = """\
@@ -49,7 +49,7 @@ def write(tmp_path: Path, text: str, name: str = "smoke") -> Path:
 
 def load(tmp_path: Path, text: str = VALID, mode: str | None = None) -> MatrixSpec:
     """Load ``text`` as matrices/smoke.toml, optionally switched to another mode."""
-    spec = matrix.load_matrix(str(write(tmp_path, text)), known_workloads=WORKLOADS)
+    spec = matrix_file.load_matrix(str(write(tmp_path, text)), known_workloads=WORKLOADS)
     return spec if mode is None else dataclasses.replace(spec, mode=mode, strength=None)
 
 
@@ -79,16 +79,16 @@ def test_defaults(tmp_path: Path) -> None:
 
 def test_resolve_by_name_and_by_path(tmp_path: Path) -> None:
     path = write(tmp_path, VALID)
-    assert matrix.resolve_matrix_path("smoke", tmp_path / "matrices") == path
-    assert matrix.resolve_matrix_path(str(path)) == path
-    assert matrix.load_matrix("smoke", matrices_dir=tmp_path / "matrices").path == path
+    assert matrix_file.resolve_matrix_path("smoke", tmp_path / "matrices") == path
+    assert matrix_file.resolve_matrix_path(str(path)) == path
+    assert matrix_file.load_matrix("smoke", matrices_dir=tmp_path / "matrices").path == path
 
 
 def test_missing_matrix_lists_the_available_ones(tmp_path: Path) -> None:
     write(tmp_path, VALID)
     write(tmp_path, VALID.replace('"smoke"', '"nightly"'), name="nightly")
     with pytest.raises(MatrixError, match=r"smok\.toml: no such matrix .*: nightly, smoke\)$"):
-        matrix.resolve_matrix_path("smok", tmp_path / "matrices")
+        matrix_file.resolve_matrix_path("smok", tmp_path / "matrices")
 
 
 @pytest.mark.parametrize("mode", ["full", "t-wise", "ofat"])
@@ -291,12 +291,12 @@ def test_message_path_is_relative_under_the_working_directory(
     write(tmp_path, VALID.replace('mode = "t-wise"', 'mode = "pairs"'))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(MatrixError, match=r"^matrices/smoke\.toml: \[matrix\] mode: unknown mode 'pairs'"):
-        matrix.load_matrix("smoke")
+        matrix_file.load_matrix("smoke")
 
 
 def test_workloads_are_free_without_a_known_set(tmp_path: Path) -> None:
     path = write(tmp_path, VALID.replace('"multi_turn"]', '"anything"]'))
-    assert matrix.load_matrix(str(path)).workloads == ("system_prompt", "anything")
+    assert matrix_file.load_matrix(str(path)).workloads == ("system_prompt", "anything")
 
 
 def test_coverage_and_lower_bound_check_the_strength(tmp_path: Path) -> None:
@@ -312,7 +312,7 @@ def test_default_golden_outside_the_levels_still_configures_the_golden_run(tmp_p
     """page_size = [16] with the default golden page_size 1: cells compare against a page_size-1 run."""
     path = tmp_path / "one.toml"
     path.write_text('[matrix]\nname = "one"\nmode = "full"\n\n[factors]\nmodel = ["dense"]\npage_size = [16]\n')
-    spec = matrix.load_matrix(str(path))
+    spec = matrix_file.load_matrix(str(path))
     (cell,) = matrix.generate(spec)
     assert spec.golden_cell() == cell
     assert spec.golden_of(cell).as_dict() == {"model": "dense", "page_size": 1}
@@ -339,7 +339,7 @@ def test_cost_changes_only_t_wise_cells(tmp_path: Path) -> None:
 
 def test_smoke_matrix_cost_keeps_triton_in_the_four_cells_pairwise_needs() -> None:
     """Triton must meet each of spec's 4 levels; without [cost] the generator puts it in 6 of the 12 cells."""
-    spec = matrix.load_matrix(str(Path(__file__).resolve().parents[1] / "matrices" / "smoke.toml"))
+    spec = matrix_file.load_matrix(str(Path(__file__).resolve().parents[1] / "matrices" / "smoke.toml"))
     assert dict(spec.cost["backend"]) == {"triton": 50.0}
     cells = matrix.generate(spec)
     assert len(cells) == matrix.lower_bound(spec, 2) == 12

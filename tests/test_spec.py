@@ -161,7 +161,8 @@ def test_spec_is_a_factor_whose_golden_is_none() -> None:
 
 
 def test_cell_metrics_report_accept_length_and_draft_state_hits(tmp_path) -> None:
-    from harness.matrix import generate, load_matrix
+    from harness.matrix import generate
+    from harness.matrix_file import load_matrix
     from harness.runner import GoldenRuns, run_cell
 
     path = tmp_path / "m.toml"

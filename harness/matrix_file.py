@@ -1,0 +1,306 @@
+"""Matrix files: read a TOML matrix and validate every key before any cell runs.
+
+Every problem is one ``MatrixError`` line naming the file, the key and the value at fault
+(``matrices/smoke.toml: [cost] backend.cuda: unknown level 'cuda' (levels: torch, triton)``);
+nothing is generated or written for a file that fails.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+
+from harness.matrix import (
+    DEFAULT_GOLDEN, MODES, Constraint, MatrixSpec, check_strength, level_token, matrix_error, shown_path,
+)
+from reference_impl.registry import UnknownLevelError, check_level, known_factors
+
+DEFAULT_TIMEOUT_S = 600.0
+_TABLES = ("matrix", "factors", "golden", "constraints", "cost")
+_MATRIX_KEYS = ("name", "description", "mode", "strength", "workloads", "timeout_s")
+_CONSTRAINT_KEYS = ("forbid", "reason")
+
+
+def resolve_matrix_path(name_or_path: str, matrices_dir: Path | None = None) -> Path:
+    """``smoke`` → ``<matrices_dir>/smoke.toml``; a ``.toml`` path is used as is; it must exist."""
+    if name_or_path.endswith(".toml"):
+        path = Path(name_or_path)
+    else:
+        path = (matrices_dir or Path.cwd() / "matrices") / f"{name_or_path}.toml"
+    if not path.is_file():
+        available = sorted(p.stem for p in path.parent.glob("*.toml")) if path.parent.is_dir() else []
+        raise matrix_error(path, "", f"no such matrix (available in {shown_path(path.parent)}: "
+                           f"{', '.join(available) or 'none'})")
+    return path
+
+
+def load_matrix(
+    name_or_path: str,
+    *,
+    matrices_dir: Path | None = None,
+    known_workloads: Collection[str] | None = None,
+) -> MatrixSpec:
+    """Read and validate a matrix file; raise ``MatrixError`` on the first problem found."""
+    path = resolve_matrix_path(name_or_path, matrices_dir)
+    try:
+        with path.open("rb") as handle:
+            doc = tomllib.load(handle)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise matrix_error(path, "", f"TOML syntax error: {exc}") from exc
+    _check_keys(path, "", doc, _TABLES)
+    header = _parse_header(path, _table(path, doc, "matrix", required=True), known_workloads)
+    factors = _parse_factors(path, _table(path, doc, "factors", required=True))
+    golden = _parse_golden(path, _table(path, doc, "golden", required=False), dict(factors))
+    constraints = _parse_constraints(path, doc.get("constraints", []), dict(factors))
+    cost = _parse_cost(path, _table(path, doc, "cost", required=False), dict(factors))
+    spec = MatrixSpec(path=path, factors=factors, constraints=constraints, golden=golden, cost=cost, **header)
+    if spec.strength is not None:
+        check_strength(spec, spec.strength, "[matrix] strength")
+    _check_golden_allowed(spec)
+    return spec
+
+
+def _describe(value: object) -> str:
+    """A value with its TOML-visible type, for type errors."""
+    return f"{type(value).__name__} {value!r}"
+
+
+def _levels_text(levels: Sequence[object]) -> str:
+    """``off, device`` — a level list in messages."""
+    return ", ".join(str(level) for level in levels)
+
+
+def _check_keys(path: Path, where: str, table: Mapping[str, object], allowed: Sequence[str]) -> None:
+    """Reject keys that ``table`` may not have."""
+    for key in table:
+        if key not in allowed:
+            is_table = not where and isinstance(table[key], dict)
+            name = f"{where} {key}" if where else (f"[{key}]" if is_table else key)
+            kind = "table" if is_table else "key"
+            raise matrix_error(path, name, f"unknown {kind} (known: {', '.join(allowed)})")
+
+
+def _table(path: Path, doc: Mapping[str, object], name: str, *, required: bool) -> dict[str, object]:
+    """The top-level table ``[name]`` (empty when optional and absent)."""
+    if name not in doc:
+        if required:
+            raise matrix_error(path, f"[{name}]", "missing required table")
+        return {}
+    table = doc[name]
+    if not isinstance(table, dict):
+        raise matrix_error(path, f"[{name}]", f"expected a table, got {_describe(table)}")
+    return table
+
+
+def _typed(path: Path, key: str, value: object, kinds: tuple[type, ...], what: str) -> None:
+    """Reject ``value`` unless it is one of ``kinds`` (bools are never numbers here)."""
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        raise matrix_error(path, key, f"expected {what}, got {_describe(value)}")
+
+
+def _parse_header(
+    path: Path, table: dict[str, object], known_workloads: Collection[str] | None
+) -> dict[str, object]:
+    """Validate ``[matrix]``; return the MatrixSpec fields it holds."""
+    _check_keys(path, "[matrix]", table, _MATRIX_KEYS)
+    for key in ("name", "mode"):
+        if key not in table:
+            raise matrix_error(path, f"[matrix] {key}", "missing required key")
+    name, mode = table["name"], table["mode"]
+    _typed(path, "[matrix] name", name, (str,), "a string")
+    if name != path.stem:
+        raise matrix_error(path, "[matrix] name", f"{name!r} does not match the file name {path.stem!r}")
+    _typed(path, "[matrix] mode", mode, (str,), "a string")
+    if mode not in MODES:
+        raise matrix_error(path, "[matrix] mode", f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
+    description = table.get("description", "")
+    _typed(path, "[matrix] description", description, (str,), "a string")
+    strength = table.get("strength")
+    if mode == "t-wise" and strength is None:
+        raise matrix_error(path, "[matrix] strength", "missing (required with mode 't-wise')")
+    if mode != "t-wise" and strength is not None:
+        raise matrix_error(path, "[matrix] strength", f"{strength!r} given with mode {mode!r} (only for 't-wise')")
+    timeout_s = table.get("timeout_s", DEFAULT_TIMEOUT_S)
+    _typed(path, "[matrix] timeout_s", timeout_s, (int, float), "a number of seconds")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise matrix_error(path, "[matrix] timeout_s", f"{timeout_s!r} is not a positive number of seconds")
+    workloads = _parse_workloads(path, table.get("workloads", []), known_workloads)
+    return {"name": name, "description": description, "mode": mode, "strength": strength,
+            "workloads": workloads, "timeout_s": float(timeout_s)}
+
+
+def _parse_workloads(path: Path, value: object, known: Collection[str] | None) -> tuple[str, ...]:
+    """Validate ``[matrix] workloads``: distinct names, known ones when the caller says which."""
+    key = "[matrix] workloads"
+    _typed(path, key, value, (list,), "a list of workload names")
+    assert isinstance(value, list)
+    for i, workload in enumerate(value):
+        _typed(path, key, workload, (str,), "a workload name (string)")
+        if workload in value[:i]:
+            raise matrix_error(path, key, f"duplicate workload {workload!r}")
+        if known is not None and workload not in known:
+            raise matrix_error(path, key, f"unknown workload {workload!r} (known: {', '.join(sorted(known))})")
+    return tuple(value)
+
+
+def _check_factor_name(path: Path, key: str, factor: str) -> None:
+    """Reject a factor the registry does not know."""
+    if factor not in known_factors():
+        raise matrix_error(path, key, f"unknown factor (known: {', '.join(known_factors())})")
+
+
+def _check_registry_level(path: Path, key: str, factor: str, level: object) -> None:
+    """Reject a level the registry rejects, with its message."""
+    try:
+        check_level(factor, level)
+    except UnknownLevelError as exc:
+        raise matrix_error(path, key, str(exc)) from exc
+    except KeyError as exc:
+        raise matrix_error(path, key, f"unknown factor (known: {', '.join(known_factors())})") from exc
+
+
+def _parse_factors(path: Path, table: dict[str, object]) -> tuple[tuple[str, tuple[object, ...]], ...]:
+    """Validate ``[factors]``: known factors, each with distinct valid levels and distinct id tokens."""
+    if not table:
+        raise matrix_error(path, "[factors]", "no factors (a matrix needs at least one)")
+    factors = []
+    for factor, levels in table.items():
+        key = f"[factors] {factor}"
+        _check_factor_name(path, key, factor)
+        _typed(path, key, levels, (list,), "a list of levels")
+        assert isinstance(levels, list)
+        if not levels:
+            raise matrix_error(path, key, "empty level list")
+        tokens: dict[str, object] = {}
+        for i, level in enumerate(levels):
+            _check_registry_level(path, key, factor, level)
+            if level in levels[:i]:
+                raise matrix_error(path, key, f"duplicate level {level!r}")
+            token = level_token(level)
+            if not token:
+                raise matrix_error(path, key, f"level {level!r} has no name after ':' to show in cell ids")
+            if token in tokens:
+                raise matrix_error(path, key, f"level {level!r} has the same cell-id name {token!r} "
+                                   f"as {tokens[token]!r}")
+            tokens[token] = level
+        factors.append((factor, tuple(levels)))
+    return tuple(factors)
+
+
+def _parse_golden(
+    path: Path, table: dict[str, object], factors: dict[str, tuple[object, ...]]
+) -> Mapping[str, object]:
+    """Validate ``[golden]`` over ``DEFAULT_GOLDEN``: a matrix factor's golden level is one of its levels."""
+    for factor, level in table.items():
+        _check_factor_name(path, f"[golden] {factor}", factor)
+        _check_registry_level(path, f"[golden] {factor}", factor, level)
+    for factor, level in table.items():
+        levels = factors.get(factor)
+        if levels is not None and not _among(level, levels):
+            raise matrix_error(path, f"[golden] {factor}", f"golden level {level!r} is not one of the "
+                               f"levels in [factors] (levels: {_levels_text(levels)})")
+    return MappingProxyType({**DEFAULT_GOLDEN, **table})
+
+
+def _among(level: object, levels: Sequence[object]) -> bool:
+    """``level in levels`` without ``True == 1`` or ``1.0 == 1`` surprises."""
+    return any(type(level) is type(candidate) and level == candidate for candidate in levels)
+
+
+def _parse_constraints(
+    path: Path, value: object, factors: dict[str, tuple[object, ...]]
+) -> tuple[Constraint, ...]:
+    """Validate every ``[[constraints]]`` entry."""
+    if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
+        raise matrix_error(path, "[[constraints]]", f"expected an array of tables, got {_describe(value)}")
+    return tuple(_parse_constraint(path, f"[[constraints]] #{i}", entry, factors)
+                 for i, entry in enumerate(value, start=1))
+
+
+def _parse_constraint(
+    path: Path, where: str, entry: dict[str, object], factors: dict[str, tuple[object, ...]]
+) -> Constraint:
+    """Validate one constraint: a non-empty ``forbid`` over the matrix's levels and a reason."""
+    _check_keys(path, where, entry, _CONSTRAINT_KEYS)
+    for key in _CONSTRAINT_KEYS:
+        if key not in entry:
+            raise matrix_error(path, f"{where} {key}", "missing required key")
+    reason, forbid = entry["reason"], entry["forbid"]
+    _typed(path, f"{where} reason", reason, (str,), "a non-empty string")
+    if not reason.strip():
+        raise matrix_error(path, f"{where} reason", "empty reason (say why the combination is forbidden)")
+    _typed(path, f"{where} forbid", forbid, (dict,), "a table of factor = level(s)")
+    assert isinstance(forbid, dict)
+    if not forbid:
+        raise matrix_error(path, f"{where} forbid", "empty (it would forbid every row)")
+    parsed: dict[str, tuple[object, ...]] = {}
+    for factor, wanted in forbid.items():
+        key = f"{where} forbid.{factor}"
+        if factor not in factors:
+            _check_factor_name(path, key, factor)
+            raise matrix_error(path, key, f"factor {factor!r} is not in [factors]")
+        levels = factors[factor]
+        listed = wanted if isinstance(wanted, list) else [wanted]
+        if not listed:
+            raise matrix_error(path, key, "empty level list")
+        for i, level in enumerate(listed):
+            if not _among(level, levels):
+                raise matrix_error(path, key, f"unknown level {level!r} (levels: {_levels_text(levels)})")
+            if level in listed[:i]:
+                raise matrix_error(path, key, f"duplicate level {level!r}")
+        parsed[factor] = tuple(listed)
+    return Constraint(forbid=MappingProxyType(parsed), reason=reason)
+
+
+def _parse_cost(
+    path: Path, table: dict[str, object], factors: dict[str, tuple[object, ...]]
+) -> Mapping[str, Mapping[object, float]]:
+    """Validate ``[cost]``: factor = { level = cost }, over the matrix's levels, each cost a positive number."""
+    parsed: dict[str, Mapping[object, float]] = {}
+    for factor, entry in table.items():
+        key = f"[cost] {factor}"
+        if factor not in factors:
+            _check_factor_name(path, key, factor)
+            raise matrix_error(path, key, f"factor {factor!r} is not in [factors]")
+        _typed(path, key, entry, (dict,), "a table of level = cost")
+        assert isinstance(entry, dict)
+        levels = factors[factor]
+        by_name = {str(level): level for level in levels}  # TOML keys are strings: page_size = { 16 = 3 }
+        costs: dict[object, float] = {}
+        for name, value in entry.items():
+            if name not in by_name:
+                raise matrix_error(path, f"{key}.{name}", f"unknown level {name!r} (levels: {_levels_text(levels)})")
+            _typed(path, f"{key}.{name}", value, (int, float), "a positive number")
+            if not (math.isfinite(value) and value > 0):
+                raise matrix_error(path, f"{key}.{name}", f"{value!r} is not a positive finite cost")
+            costs[by_name[name]] = float(value)
+        parsed[factor] = MappingProxyType(costs)
+    return MappingProxyType(parsed)
+
+
+def _check_golden_allowed(spec: MatrixSpec) -> None:
+    """Reject constraints that forbid every row, or the golden cell every cell is compared with."""
+    golden = spec.golden_cell().as_dict()
+    if spec.allows(golden):
+        return
+    if not _some_row_allowed(spec, {}):
+        raise matrix_error(spec.path, "[[constraints]]", "every row is forbidden")
+    number, culprit = next((i, c) for i, c in enumerate(spec.constraints, start=1) if c.forbids(golden))
+    raise matrix_error(spec.path, "[golden]", f"the golden cell {spec.golden_cell().cell_id} is forbidden "
+                       f"by [[constraints]] #{number} ({culprit.reason})")
+
+
+def _some_row_allowed(spec: MatrixSpec, prefix: dict[str, object]) -> bool:
+    """Depth-first search for an allowed row extending ``prefix``, pruned where a constraint bites."""
+    if len(prefix) == len(spec.factors):
+        return True
+    factor, levels = spec.factors[len(prefix)]
+    for level in levels:
+        row = {**prefix, factor: level}
+        if not any(set(c.forbid) <= row.keys() and c.forbids(row) for c in spec.constraints):
+            if _some_row_allowed(spec, row):
+                return True
+    return False
+
