@@ -354,71 +354,13 @@ class RadixCache:
         return len(node.pages)
 
 
-class NoCache:
-    """cache=off with RadixCache's interface: nothing is cached, so every page stays the caller's."""
-
-    lower_tiers: tuple[str, ...] = ()
-
-    def __init__(
-        self,
-        page_size: int,
-        free_pages: Callable[[list[int]], None],
-        free_state: Callable[[int], None] | None = None,
-    ) -> None:
-        """Take RadixCache's arguments so either can be built from a matrix level."""
-        if page_size <= 0:
-            raise ValueError(f"page_size must be positive, got {page_size}")
-        self.page_size = page_size
-        self._hybrid = free_state is not None
-        self._root = TreeNode(0)
-
-    @property
-    def is_hybrid(self) -> bool:
-        """Whether the caller runs a hybrid model (kept for interface parity)."""
-        return self._hybrid
-
-    def attach(self, mover: object, host_pages: int | None = None) -> None:
-        """Nothing is cached, so nothing moves between tiers."""
-
-    def load_back(self, tokens: Sequence[int], match: MatchResult) -> MatchResult:
-        """No tier below L1: nothing to load, the match stands."""
-        return match
-
-    def match_prefix(self, tokens: Sequence[int]) -> MatchResult:
-        """Always a miss."""
-        return MatchResult([], 0, self._root, None)
+class NoCache(RadixCache):
+    """cache=off: a RadixCache that adopts nothing, so its tree stays empty and every match misses."""
 
     def insert(
         self, tokens: Sequence[int], pages: Sequence[int], snapshots: Mapping[int, int] | None = None
     ) -> InsertResult:
         """Validate like RadixCache, adopt nothing, and hand every page and slot back."""
         snapshots = dict(snapshots or {})
-        _check_insert_args(self.page_size, self._hybrid, tokens, pages, snapshots)
+        _check_insert_args(self.page_size, self.is_hybrid, tokens, pages, snapshots)
         return InsertResult(0, list(pages), [snapshots[pos] for pos in sorted(snapshots)])
-
-    def lock(self, node: TreeNode) -> None:
-        """Nothing is cached, so there is nothing to pin."""
-
-    def unlock(self, node: TreeNode) -> None:
-        """Nothing is cached, so there is nothing to release."""
-
-    def evict(self, num_pages: int) -> int:
-        """Nothing is cached, so nothing is freed."""
-        return 0
-
-    def evictable_pages(self) -> int:
-        """Always 0."""
-        return 0
-
-    def cached_pages(self) -> int:
-        """Always 0."""
-        return 0
-
-    def cached_states(self) -> int:
-        """Always 0."""
-        return 0
-
-    def check_integrity(self) -> None:
-        """The root must stay empty."""
-        if self._root.children or self._root.pages:
-            raise CacheIntegrityError("NoCache's root gained children or pages")
