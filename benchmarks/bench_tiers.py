@@ -19,7 +19,7 @@ from harness.engine_setup import build_engine_config  # noqa: E402
 from harness.runner import configure_torch  # noqa: E402
 from fixtures.workloads import load_workload  # noqa: E402
 from reference_impl.engine import Engine  # noqa: E402
-from reference_impl.request import RequestSpec  # noqa: E402
+from reference_impl.request import TIERS, RequestSpec  # noqa: E402
 from reference_impl.stores import FileStore, RedisStore, StoreError  # noqa: E402
 
 PAGE = 16
@@ -92,7 +92,7 @@ def spill_row(workload: str, cache: str) -> str:
     warm = eng.generate(w.requests)
     prefill = eng.stats.prefill_tokens - before[0]
     seconds = eng.stats.forward_seconds - before[1]
-    split = [sum(getattr(o, f"cached_{tier}") for o in warm) for tier in ("device", "host", "storage")]
+    split = [sum(o.cached_by_tier()[tier] for o in warm) for tier in TIERS]
     host = getattr(eng.cache, "host", None)
     l2 = f"{len(host)} / {host.evicted}" if host is not None else "–"
     return f"| {workload} | {cache} | {' | '.join(map(str, split))} | {prefill} | {seconds * 1e3:.0f} | {l2} |"

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference_impl.request import RequestOutput
+from fixtures.workloads import tier_text
+from reference_impl.request import TIERS, RequestOutput
 from reference_impl.spec_verify import outputs_accept_stats
 
 PASSES = ("cold", "warm")
@@ -151,28 +152,27 @@ def nan_oracle(views: Sequence[PassView]) -> Verdict:
 
 def _by_tier(out: RequestOutput) -> str:
     """cached_tokens as the request reported it, with the tiers below L1 that supplied part of it."""
-    below = [f"{tier} {n}" for tier, n in (("host", out.cached_host), ("storage", out.cached_storage)) if n]
-    parts = out.cached_device + out.cached_host + out.cached_storage
-    if parts != out.cached_tokens:
-        below.append(f"but device {out.cached_device} + host {out.cached_host} + storage {out.cached_storage} = {parts}")
-    return f"{out.cached_tokens} ({', '.join(below)})" if below else str(out.cached_tokens)
+    split = out.cached_by_tier()
+    parts = sum(split.values())
+    terms = " + ".join(f"{tier} {n}" for tier, n in split.items())
+    notes = () if parts == out.cached_tokens else (f"but {terms} = {parts}",)
+    return tier_text(str(out.cached_tokens), split["host"], split["storage"], *notes)
 
 
 def cached_tokens_oracle(views: Sequence[PassView]) -> Verdict:
     """Per-request cached_tokens, and the share each tier below L1 supplied, equal what the workload implies."""
-    findings, warm = [], {"device": 0, "host": 0, "storage": 0}
+    findings, warm = [], dict.fromkeys(TIERS, 0)
     for view in views:
         for out in view.outputs:
             expect = view.expected_cached.get(out.rid)
             if expect is None or out.finish_reason != "length":
                 continue
+            split = out.cached_by_tier()
             if view.name == "warm":
-                warm["device"] += out.cached_device
-                warm["host"] += out.cached_host
-                warm["storage"] += out.cached_storage
-            parts = out.cached_device + out.cached_host + out.cached_storage
-            ok = expect.admits(out.cached_tokens) and expect.admits_split(out.cached_host, out.cached_storage)
-            if not ok or parts != out.cached_tokens:
+                for tier, n in split.items():
+                    warm[tier] += n
+            ok = expect.admits(out.cached_tokens) and expect.admits_split(split["host"], split["storage"])
+            if not ok or sum(split.values()) != out.cached_tokens:
                 findings.append({"workload": view.workload, "pass": view.name, "request": out.rid,
                                  "expected": expect.describe(), "got": _by_tier(out)})
     split = ", ".join(f"{tier} {n}" for tier, n in warm.items())

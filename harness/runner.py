@@ -18,7 +18,7 @@ from harness.matrix import Cell, MatrixSpec
 from harness.oracles import PASSES, PassView, Verdict, judge
 from reference_impl.engine import Engine, EngineStats
 from reference_impl.radix_cache import NoCache
-from reference_impl.request import RequestOutput
+from reference_impl.request import TIERS, RequestOutput
 from reference_impl.spec_verify import outputs_accept_stats
 
 
@@ -169,8 +169,7 @@ def _metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, 
         "tokens_per_s": round(generated / engine, 1) if engine else None,
         "cached_tokens_warm": sum(o.cached_tokens for r in runs for o in r.passes["warm"].outputs),
         "cached_tokens_warm_by_tier": {
-            tier: sum(getattr(o, f"cached_{tier}") for r in runs for o in r.passes["warm"].outputs)
-            for tier in ("device", "host", "storage")
+            tier: sum(o.cached_by_tier()[tier] for r in runs for o in r.passes["warm"].outputs) for tier in TIERS
         },
         "cached_tokens_cold": sum(o.cached_tokens for r in runs for o in r.passes["cold"].outputs),
         "preemptions": sum(r.stats.preemptions for r in runs),

@@ -15,6 +15,10 @@ class RequestSpec:
     priority: int = 0  # lower runs first under the priority scheduler (vLLM's convention)
 
 
+#: where a cached page can come from: L1 (device pool), L2 (host pool), L3 (storage).
+TIERS = ("device", "host", "storage")
+
+
 @dataclass(slots=True)
 class RequestOutput:
     """What the engine returns for one request, once, when it finishes or is rejected."""
@@ -34,6 +38,10 @@ class RequestOutput:
     cached_device: int = 0           # of cached_tokens: already in the device pool (L1)
     cached_host: int = 0             # of cached_tokens: loaded back from the host pool (L2)
     cached_storage: int = 0          # of cached_tokens: loaded back from storage (L3)
+
+    def cached_by_tier(self) -> dict[str, int]:
+        """cached_tokens split by the tier each page was in at admission, keyed as in ``TIERS``."""
+        return {"device": self.cached_device, "host": self.cached_host, "storage": self.cached_storage}
 
 
 class Phase(Enum):

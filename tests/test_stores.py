@@ -60,7 +60,7 @@ def test_tails_l2_cannot_keep_come_back_from_the_store(model: str) -> None:
     run = run_workload({**LEVELS, "model": model, "store": "file"}, workload, frozenset())
     cold, warm = ({o.rid: o for o in run.passes[p].outputs} for p in ("cold", "warm"))
     assert all(warm[r].tokens == cold[r].tokens and warm[r].logprobs == cold[r].logprobs for r in cold)
-    split = {(warm[r].cached_device, warm[r].cached_host, warm[r].cached_storage) for r in workload.tail_rids()}
+    split = {(warm[r].cached_device, warm[r].cached_host, warm[r].cached_storage) for r in workload.tails}
     assert split == {(32, 0, 16)}  # the head from L1, each tail from L3 through L2
 
 
@@ -78,7 +78,7 @@ def serve_spill_losing_the_store(store: str, location: str, lose: Callable[[], N
     lose()
     warm = {o.rid: o for o in eng.generate(workload.requests)}
     assert all(o.tokens == cold[o.rid].tokens and o.logprobs == cold[o.rid].logprobs for o in warm.values())
-    assert {(warm[r].cached_tokens, warm[r].cached_storage) for r in workload.tail_rids()} == {(32, 0)}  # head only
+    assert {(warm[r].cached_tokens, warm[r].cached_storage) for r in workload.tails} == {(32, 0)}  # head only
     assert not eng.audit()
     return eng
 

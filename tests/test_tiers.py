@@ -141,7 +141,7 @@ def test_warm_pass_from_l2_matches_the_cold_pass_bitwise(model: str, spec: str, 
     run = run_workload(levels, workload, frozenset())
     cold, warm = ({o.rid: o for o in run.passes[p].outputs} for p in ("cold", "warm"))
     assert all(warm[r].tokens == cold[r].tokens and warm[r].logprobs == cold[r].logprobs for r in cold)
-    tails = workload.tail_rids()
+    tails = workload.tails
     assert {(warm[r].cached_device, warm[r].cached_host) for r in tails} == {(32, 16)}  # head in L1, tail from L2
     assert not run.passes["warm"].audit
 
