@@ -2,8 +2,9 @@
 
 Every page and snapshot L2 is given is written through to the store, keyed by
 ``tenant/pool/chained-page-hash``, so L2 may drop any copy under pressure: the store still
-holds it. A match that L1 and L2 cannot cover asks the store (``exists``, then ``batch_get``);
-what it returns is loaded into L1 and kept in L2 (L3 → L2 → L1). A store error is a miss,
+holds it. A match that L1 and L2 cannot cover asks the store which pages it has (``exists``);
+once the request fits, ``load_back`` reads them (one ``batch_get``), loads them into L1 and
+keeps them in L2 (L3 → L2 → L1). A store error is a miss,
 recorded in ``store_errors``: never a guess, so never a wrong token.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from reference_impl.stores import StoreError
-from reference_impl.tiered_cache import Copies, HostCache
+from reference_impl.tiered_cache import Copies, HostCache, LoadPlan
 
 
 class StorageCache(HostCache):
@@ -41,25 +42,37 @@ class StorageCache(HostCache):
             return
         self._written.update(items)
 
-    def _fetch_below(self, keys: list[str], covered: int) -> tuple[Copies, Copies]:
-        """The store's consecutive pages past ``covered``, and the snapshots L2 lacks up to their end."""
+    def _below(self, keys: list[str], covered: int) -> tuple[int, set[str]]:
+        """The store's consecutive pages past ``covered``, and which keys up to them have a snapshot L2 lacks."""
         want = keys[covered:]
         try:
             present = self.store.exists([self._key("kv", k) for k in want]) if want else []
             n = present.index(False) if False in present else len(present)
-            values = self.store.batch_get([self._key("kv", k) for k in want[:n]])
-            snap_keys = [k for k in keys[: covered + n] if k not in self.host.snapshots] if self.is_hybrid else []
-            snaps = self.store.batch_get([self._key("mamba", k) for k in snap_keys])
+            lacking = [k for k in keys[: covered + n] if k not in self.host.snapshots] if self.is_hybrid else []
+            has = self.store.exists([self._key("mamba", k) for k in lacking]) if lacking else []
         except StoreError as exc:
             self.store_errors.append(str(exc))
-            return {}, {}
-        pages: Copies = {}
-        for key, value in zip(want[:n], values):
-            if value is None:  # removed between exists and get: the prefix ends here
-                break
-            pages[key] = self._pinned(value)
-        snapshots = {k: self._pinned(v) for k, v in zip(snap_keys, snaps) if v is not None}
-        return pages, snapshots
+            return 0, set()
+        return n, {k for k, held in zip(lacking, has) if held}
+
+    def _fetch(self, plan: LoadPlan) -> bool:
+        """Read the plan's L3 pages (and snapshot) in one batch_get; False on a store error or a vanished key."""
+        below = [k for k in plan.pages if k in plan.below]  # in page order
+        names = [self._key("kv", k) for k in below] + ([self._key("mamba", plan.keys[-1])] if plan.snapshot_below else [])
+        if not names:
+            return True
+        try:
+            values = self.store.batch_get(names)
+        except StoreError as exc:
+            self.store_errors.append(str(exc))
+            return False
+        if any(value is None for value in values):  # dropped since exists: a miss, never a guess
+            return False
+        values = [self._pinned(value) for value in values]
+        plan.pages.update(zip(below, values))
+        if plan.snapshot_below:
+            plan.snapshot = values[-1]
+        return True
 
     def _pinned(self, value: list[torch.Tensor]) -> list[torch.Tensor]:
         """A value the store decoded, in pinned memory when L2 is (a CUDA engine)."""

@@ -13,7 +13,7 @@ supplied. A hybrid hit from below must end at a saved snapshot, as on L1.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -27,14 +27,19 @@ Copies = dict[str, list[torch.Tensor]]  # chained page hash -> host copy of a pa
 
 @dataclass(slots=True)
 class LoadPlan:
-    """What the tiers below add to an L1 match: copies for L1's missing pages up to ``end`` tokens."""
+    """What the tiers below add to an L1 match: the pages past L1's, up to ``end`` tokens.
+
+    L2's copies are taken when planning (L1 evictions before the commit may push them out of
+    L2); L3's are only known to exist, and ``load_back`` reads them once the request fits.
+    """
 
     end: int
     start: int                       # pages L1 held when planned (the copies start there)
-    pages: Copies                    # in order, every page past the ones L1 holds
-    snapshot: list[torch.Tensor] | None = None  # hybrid: the state at ``end``
-    fetched: Copies = field(default_factory=dict)            # pages L3 supplied (the rest came from L2)
-    fetched_snapshots: Copies = field(default_factory=dict)  # snapshots L3 supplied
+    keys: list[str]                  # chained hash of each page of tokens[:end]
+    pages: dict[str, list[torch.Tensor] | None]  # every page past L1's, in order: L2's copy, or None (in L3)
+    snapshot: list[torch.Tensor] | None = None   # hybrid: L2's copy of the state at ``end``, or None (in L3)
+    below: frozenset[str] = frozenset()          # pages that L3 supplies
+    snapshot_below: bool = False                 # the state at ``end`` comes from L3
 
 
 class HostCache(RadixCache):
@@ -78,12 +83,11 @@ class HostCache(RadixCache):
     def load_back(self, tokens: Sequence[int], match: MatchResult) -> MatchResult:
         """Load ``match.pending`` into L1 (L3 → L2 → L1) and return the longer match; ``match`` if it cannot."""
         plan = match.pending
-        if plan is None or not self._load(tokens, plan):
+        if plan is None or not self._fetch(plan) or not self._load(tokens, plan):
             return match
         result = RadixCache.match_prefix(self, tokens)
-        from_storage = sum(key in plan.fetched for key in plan.pages)
-        result.storage_tokens = from_storage * self.page_size
-        result.host_tokens = (len(plan.pages) - from_storage) * self.page_size
+        result.storage_tokens = len(plan.below) * self.page_size
+        result.host_tokens = (len(plan.pages) - len(plan.below)) * self.page_size
         return result
 
     def _save(self, keys: list[str], first: int, pages: list[int], snapshots: dict[int, int]) -> None:
@@ -122,26 +126,32 @@ class HostCache(RadixCache):
         return super()._remove_leaf(node)
 
     def _plan(self, tokens: Sequence[int]) -> LoadPlan:
-        """The copies that extend L1's pages for ``tokens`` from L2, then L3 (hybrid: to the deepest snapshot)."""
+        """The pages that extend L1's for ``tokens`` from L2, then L3 (hybrid: to the deepest snapshot)."""
         path, partial = self._walk(tokens)
         on_device = sum(len(n.pages) for n in path) + (partial[1] // self.page_size if partial else 0)
         keys = page_hashes(tokens, self.page_size, len(tokens) // self.page_size)
         covered = on_device
         while covered < len(keys) and keys[covered] in self.host.pages:
             covered += 1
-        fetched, fetched_snapshots = self._fetch_below(keys, covered)
-        covered += len(fetched)
-        end, snapshot = covered, None
+        in_store, store_snapshots = self._below(keys, covered)
+        covered += in_store
+        end, snapshot, snapshot_below = covered, None, False
         if self.is_hybrid:
-            snapshots = {**self.host.snapshots, **fetched_snapshots}
-            end = max((i + 1 for i in range(covered) if keys[i] in snapshots), default=0)
-            snapshot = snapshots[keys[end - 1]] if end else None
-        pages = {key: self.host.pages[key] if key in self.host.pages else fetched[key] for key in keys[on_device:end]}
-        return LoadPlan(end * self.page_size, on_device, pages, snapshot, fetched, fetched_snapshots)
+            end = max((i + 1 for i in range(covered) if keys[i] in self.host.snapshots or keys[i] in store_snapshots),
+                      default=0)
+            snapshot = self.host.snapshots.get(keys[end - 1]) if end else None
+            snapshot_below = bool(end) and snapshot is None
+        pages = {key: self.host.pages.get(key) for key in keys[on_device:end]}
+        below = frozenset(key for key, page in pages.items() if page is None)
+        return LoadPlan(end * self.page_size, on_device, keys[:end], pages, snapshot, below, snapshot_below)
 
-    def _fetch_below(self, keys: list[str], covered: int) -> tuple[Copies, Copies]:
-        """Pages a tier below L2 holds past ``covered`` (and snapshots up to them); none for cache=host."""
-        return {}, {}
+    def _below(self, keys: list[str], covered: int) -> tuple[int, set[str]]:
+        """How many pages past ``covered`` a tier below L2 holds, and which keys' snapshots; none for cache=host."""
+        return 0, set()
+
+    def _fetch(self, plan: LoadPlan) -> bool:
+        """Read what the plan leaves below L2 into it; False when that fails (cache=host: nothing to read)."""
+        return True
 
     def _load(self, tokens: Sequence[int], plan: LoadPlan) -> bool:
         """Load the plan's copies into fresh L1 pages (and slot) so L1 matches ``tokens[:plan.end]``."""
@@ -171,8 +181,9 @@ class HostCache(RadixCache):
             self._free_pages(result.unused_pages)
         for unused in result.unused_slots:
             self._free_state(unused)
-        self.host.resident.update(page_hashes(tokens, self.page_size, end // self.page_size))
-        HostCache._keep(self, plan.fetched, plan.fetched_snapshots)  # L3 → L2 → L1: L2 keeps what L3 sent
+        self.host.resident.update(plan.keys)
+        from_store = {plan.keys[-1]: plan.snapshot} if plan.snapshot_below else {}
+        HostCache._keep(self, {key: plan.pages[key] for key in plan.below}, from_store)  # L3 → L2 → L1
         return True
 
     def _reserve(self, n: int) -> tuple[list[int] | None, int | None]:

@@ -70,12 +70,12 @@ def test_no_hit_crosses_tenants(tmp_path: Path) -> None:
     assert all(a.tokens == b.tokens for a, b in zip(first, second))
 
 
-def serve_spill_losing_the_store(store: str, location: str, lose: Callable[[], None]) -> Engine:
-    """Serve spill_storage cold, ``lose`` the store, serve it warm: tails the store held become misses."""
+def serve_spill_losing_the_store(store: str, location: str, lose: Callable[[Engine], None]) -> Engine:
+    """Serve spill_storage cold, ``lose`` the engine's store, serve it warm: tails the store held become misses."""
     workload = load_workload("spill_storage")
     eng = engine(store, location, workload="spill_storage")
     cold = {o.rid: o for o in eng.generate(workload.requests)}
-    lose()
+    lose(eng)
     warm = {o.rid: o for o in eng.generate(workload.requests)}
     assert all(o.tokens == cold[o.rid].tokens and o.logprobs == cold[o.rid].logprobs for o in warm.values())
     assert {(warm[r].cached_tokens, warm[r].cached_storage) for r in workload.tails} == {(32, 0)}  # head only
@@ -84,8 +84,22 @@ def serve_spill_losing_the_store(store: str, location: str, lose: Callable[[], N
 
 
 def test_a_removed_store_directory_turns_into_misses(tmp_path: Path) -> None:
-    eng = serve_spill_losing_the_store("file", str(tmp_path), lambda: shutil.rmtree(tmp_path))
+    eng = serve_spill_losing_the_store("file", str(tmp_path), lambda eng: shutil.rmtree(tmp_path))
     assert eng.cache.store_errors and "does not exist" in eng.cache.store_errors[0]
+
+
+@pytest.mark.parametrize("failure", ["raises", "vanished"])
+def test_a_store_failing_at_load_back_turns_into_misses(tmp_path: Path, failure: str) -> None:
+    def lose(eng: Engine) -> None:  # exists still answers; the read once the request fits fails or finds nothing
+        def batch_get(keys: list[str]) -> list:
+            if failure == "raises":
+                raise StoreError("file store read failed (injected)")
+            return [None] * len(keys)
+        eng.cache.store.batch_get = batch_get
+
+    eng = serve_spill_losing_the_store("file", str(tmp_path), lose)
+    injected = [error for error in eng.cache.store_errors if "injected" in error]
+    assert bool(injected) == (failure == "raises")  # a vanished key is a plain miss, not an error
 
 
 def _free_port() -> int:
@@ -142,7 +156,7 @@ def test_two_instances_sharing_redis_reuse_prefixes(redis_url: tuple[str, subpro
 def test_redis_stopped_mid_run_gives_no_wrong_token(redis_url: tuple[str, subprocess.Popen]) -> None:
     url, proc = redis_url
 
-    def stop() -> None:
+    def stop(eng: Engine) -> None:
         proc.terminate()
         proc.wait(timeout=10)
 

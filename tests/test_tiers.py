@@ -107,6 +107,21 @@ def test_a_match_plans_the_load_back_and_moves_nothing() -> None:
     assert cache.load_back([1, 2, 3, 4, 5], match).host_tokens == 4
 
 
+def test_a_plan_whose_l1_pages_went_before_the_commit_keeps_l1s_hit() -> None:
+    cache, pools = cache_with_pool(HostCache, HYBRID)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    cache.insert(tokens, pools.alloc_pages(4), {4: pools.alloc_state_slot(), 8: pools.alloc_state_slot()})
+    cache.evict(4)  # pages and both snapshots now in L2 only
+    cache.insert(tokens, pools.alloc_pages(4), {4: pools.alloc_state_slot()})  # back in L1, no snapshot at 8
+    match = cache.match_prefix(tokens + [9])
+    assert match.matched_tokens == 4 and match.pending.end == 8  # L1 pages to 8, L2's snapshot at 8
+    cache.lock(match.node)
+    cache.evict(2)  # the unlocked pages 4..8 the plan counted on go, as the engine's reserve may make them
+    assert cache.load_back(tokens + [9], match) is match
+    cache.unlock(match.node)
+    cache.check_integrity()
+
+
 def test_host_pool_drops_the_oldest_copy_l1_no_longer_holds() -> None:
     pool = HostPool(capacity=2)
     pool.resident.add("a")
