@@ -8,7 +8,7 @@ import torch
 
 from fixtures.workloads import Workload, load_workload
 from harness.engine_setup import build_engine_config
-from reference_impl.engine import Engine
+from reference_impl.engine.llm_engine import Engine
 
 
 @pytest.fixture(autouse=True, scope="session")

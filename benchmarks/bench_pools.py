@@ -13,8 +13,8 @@ sys.path.insert(0, str(ROOT))
 from fixtures.workloads import load_workload  # noqa: E402
 from harness.runner import configure_torch, run_workload  # noqa: E402
 from reference_impl.config import DENSE, HYBRID  # noqa: E402
-from reference_impl.kv_pool import StaticPools  # noqa: E402
-from reference_impl.unified_pool import UnifiedPool  # noqa: E402
+from reference_impl.memory.static import StaticPools  # noqa: E402
+from reference_impl.memory.unified import UnifiedPool  # noqa: E402
 
 PAGES = 4096
 

@@ -18,9 +18,9 @@ sys.path.insert(0, str(ROOT))
 from harness.engine_setup import build_engine_config  # noqa: E402
 from harness.runner import configure_torch  # noqa: E402
 from fixtures.workloads import load_workload  # noqa: E402
-from reference_impl.engine import Engine  # noqa: E402
+from reference_impl.cache.stores import FileStore, RedisStore, StoreError  # noqa: E402
+from reference_impl.engine.llm_engine import Engine  # noqa: E402
 from reference_impl.request import TIERS, RequestSpec  # noqa: E402
-from reference_impl.stores import FileStore, RedisStore, StoreError  # noqa: E402
 
 PAGE = 16
 PAGES = 32

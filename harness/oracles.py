@@ -14,7 +14,7 @@ import torch
 
 from fixtures.workloads import tier_text
 from reference_impl.request import TIERS, RequestOutput
-from reference_impl.spec_verify import outputs_accept_stats
+from reference_impl.spec.verify import outputs_accept_stats
 
 PASSES = ("cold", "warm")
 

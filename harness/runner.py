@@ -16,10 +16,10 @@ from fixtures.workloads import CachedExpectation, Workload, load_workload
 from harness.engine_setup import STATE_INTERVAL, build_engine_config, engine_levels
 from harness.matrix import Cell, MatrixSpec
 from harness.oracles import PASSES, PassView, Verdict, judge
-from reference_impl.engine import Engine, EngineStats
-from reference_impl.radix_cache import NoCache
+from reference_impl.cache.radix import NoCache
+from reference_impl.engine.llm_engine import Engine, EngineStats
 from reference_impl.request import TIERS, RequestOutput
-from reference_impl.spec_verify import outputs_accept_stats
+from reference_impl.spec.verify import outputs_accept_stats
 
 
 class CellTimeout(Exception):

@@ -5,7 +5,48 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference_impl.mamba2 import Mamba2Config
+
+@dataclass(frozen=True, slots=True)
+class Mamba2Config:
+    """Shape of one Mamba2 mixer (n_groups = 1)."""
+
+    hidden: int
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    head_dim: int = 16
+    chunk_size: int = 16
+
+    def __post_init__(self) -> None:
+        """Reject shapes the mixer cannot build, naming the field at fault."""
+        for name in ("hidden", "d_state", "d_conv", "expand", "head_dim", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Mamba2Config.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_inner % self.head_dim:
+            raise ValueError(f"Mamba2Config: d_inner={self.d_inner} is not a multiple of head_dim={self.head_dim}")
+
+    @property
+    def d_inner(self) -> int:
+        """Width of the SSM branch (x and z)."""
+        return self.expand * self.hidden
+
+    @property
+    def nheads(self) -> int:
+        """Number of SSM heads, each with its own scalar A, Δ and D."""
+        return self.d_inner // self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal conv: x, B and C."""
+        return self.d_inner + 2 * self.d_state
+
+    def conv_state_shape(self) -> tuple[int, int]:
+        """Shape of one request's conv state: the last d_conv raw xBC inputs."""
+        return (self.conv_dim, self.d_conv)
+
+    def ssm_state_shape(self) -> tuple[int, int, int]:
+        """Shape of one request's SSM state h."""
+        return (self.nheads, self.head_dim, self.d_state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +115,7 @@ class EngineConfig:
     spec: type | None = None       # the proposer class (reference_impl.spec_*); None = plain decoding
     num_draft_tokens: int = 3      # k: draft tokens proposed per verify step
     host_pages: int | None = None  # L2 (cache=host, storage) capacity in pages; None: unbounded
-    store: type | None = None      # the L3 backend class (reference_impl.stores); used only by cache=storage
+    store: type | None = None      # the L3 backend class (reference_impl.cache.stores); used only by cache=storage
     store_location: str | None = None  # its directory or URL; None: the backend's default
     tenant: str = "default"        # the store namespace this engine reads and writes
     device: str = "cpu"

@@ -71,7 +71,7 @@ SLOT_STRIDE_INT32 = Fault(
     oracle="pool_audit",
     doc=(
         "The Triton kernels compute page × page_stride in 32-bit arithmetic. Exact on a test-sized "
-        "pool; the launch-geometry audit (reference_impl.launch_audit) finds that at a 24 GiB KV "
+        "pool; the launch-geometry audit (reference_impl.attention.launch_audit) finds that at a 24 GiB KV "
         "budget the unified pool's envelope stride (every layer per page) wraps past 2**31 while "
         "every static layout still fits: unified-only and load-only, as in the seed. The torch "
         "backend does no such arithmetic."

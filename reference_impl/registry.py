@@ -21,32 +21,32 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "hybrid": "reference_impl.config:HYBRID",
     },
     "scheduler": {
-        "fcfs": "reference_impl.scheduler:FcfsQueue",
-        "priority": "reference_impl.scheduler:PriorityQueue",
+        "fcfs": "reference_impl.engine.scheduler:FcfsQueue",
+        "priority": "reference_impl.engine.scheduler:PriorityQueue",
     },
     "cache": {
-        "off": "reference_impl.radix_cache:NoCache",
-        "device": "reference_impl.radix_cache:RadixCache",
-        "host": "reference_impl.tiered_cache:HostCache",
-        "storage": "reference_impl.storage_cache:StorageCache",
+        "off": "reference_impl.cache.radix:NoCache",
+        "device": "reference_impl.cache.radix:RadixCache",
+        "host": "reference_impl.cache.tiered:HostCache",
+        "storage": "reference_impl.cache.storage:StorageCache",
     },
     "store": {
-        "file": "reference_impl.stores:FileStore",
-        "redis": "reference_impl.stores:RedisStore",
+        "file": "reference_impl.cache.stores:FileStore",
+        "redis": "reference_impl.cache.stores:RedisStore",
     },
     "pool": {
-        "static": "reference_impl.kv_pool:StaticPools",
-        "unified": "reference_impl.unified_pool:UnifiedPool",
+        "static": "reference_impl.memory.static:StaticPools",
+        "unified": "reference_impl.memory.unified:UnifiedPool",
     },
     "backend": {
-        "torch": "reference_impl.torch_backend:TorchBackend",
-        "triton": "reference_impl.triton_backend:TritonBackend",
+        "torch": "reference_impl.attention.torch_backend:TorchBackend",
+        "triton": "reference_impl.attention.triton_backend:TritonBackend",
     },
     "spec": {
-        "none": "reference_impl.spec_ngram:NoProposer",
-        "ngram": "reference_impl.spec_ngram:NgramProposer",
-        "draft": "reference_impl.spec_draft:DraftProposer",
-        "mtp": "reference_impl.spec_mtp:MtpProposer",
+        "none": "reference_impl.spec.ngram:NoProposer",
+        "ngram": "reference_impl.spec.ngram:NgramProposer",
+        "draft": "reference_impl.spec.draft:DraftProposer",
+        "mtp": "reference_impl.spec.mtp:MtpProposer",
     },
 }
 

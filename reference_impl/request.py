@@ -96,3 +96,19 @@ class Request:
     @property
     def done(self) -> bool:
         return len(self.output.tokens) >= self.spec.max_new_tokens
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Tokens ``start .. start+length-1`` of a request's sequence, computed in this step."""
+
+    req: Request
+    start: int
+    length: int
+    checkpoints: dict[int, int] = field(default_factory=dict)  # position -> virtual state slot
+    draft: list[int] | None = None  # a verify chunk: the last token is followed by these draft tokens
+
+    @property
+    def samples(self) -> bool:
+        """The chunk reaches the end of the known sequence, so its last logits pick the next token."""
+        return self.start + self.length == self.req.seq_len

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from reference_impl.scheduler import FcfsQueue
+from reference_impl.engine.scheduler import FcfsQueue
 
 
 class ExplodingQueue(FcfsQueue):

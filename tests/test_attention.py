@@ -6,10 +6,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reference_impl.attention.torch_backend import TorchBackend
 from reference_impl.config import DENSE
-from reference_impl.forward_batch import ForwardBatch
-from reference_impl.kv_pool import StaticPools
-from reference_impl.torch_backend import TorchBackend
+from reference_impl.memory.static import StaticPools
+from reference_impl.model.forward_batch import ForwardBatch
 
 
 def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:

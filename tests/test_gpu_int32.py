@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference_impl.forward_batch import ForwardBatch
+from reference_impl.model.forward_batch import ForwardBatch
 from tests.test_triton_kernels import HKV, HQ, D
 
 PAGE_SIZE, STRIDE, HIGH = 4, 2**20, 4096  # page 4096 × 2**20 elements = 2**32: wraps to page 0
@@ -17,7 +17,7 @@ pytestmark = [
 
 def decode_on(pages: list[int], storage: torch.Tensor, q: torch.Tensor, faults: frozenset[str]) -> torch.Tensor:
     """Decode one request whose 8 tokens sit on ``pages`` of a pool with a 2**20-element page stride."""
-    from reference_impl.triton_backend import TritonBackend
+    from reference_impl.attention.triton_backend import TritonBackend
 
     num_pages = storage.numel() // STRIDE
     k_view = storage.as_strided((num_pages, PAGE_SIZE, HKV, D), (STRIDE, HKV * D, D, 1))

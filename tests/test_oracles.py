@@ -8,7 +8,7 @@ import torch
 
 from fixtures.workloads import CachedExpectation
 from harness.oracles import ORACLES, PassView, judge
-from reference_impl.model_runner import NanEvent
+from reference_impl.engine.model_runner import NanEvent
 from reference_impl.request import RequestOutput
 
 

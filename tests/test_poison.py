@@ -9,9 +9,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fixtures.workloads import load_workload
 from reference_impl.config import HYBRID
-from reference_impl.kv_pool import StaticPools
-from reference_impl.poison import NAN_PATTERNS, UnsupportedPoisonDtypeError, nan_fill, poison_
-from reference_impl.unified_pool import UnifiedPool
+from reference_impl.memory.poison import NAN_PATTERNS, UnsupportedPoisonDtypeError, nan_fill, poison_
+from reference_impl.memory.static import StaticPools
+from reference_impl.memory.unified import UnifiedPool
 
 POOLS = {"static": StaticPools, "unified": UnifiedPool}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from reference_impl.radix_cache import CacheIntegrityError, MatchResult, NoCache, RadixCache
+from reference_impl.cache.radix import CacheIntegrityError, MatchResult, NoCache, RadixCache
 
 TOTAL_PAGES = 40
 TOTAL_SLOTS = 16

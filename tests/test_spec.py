@@ -5,12 +5,12 @@ import pytest
 
 from fixtures.workloads import load_workload
 from reference_impl.config import DENSE
-from reference_impl.kv_pool import PoolIntegrityError, StaticPools
+from reference_impl.memory.static import PoolIntegrityError, StaticPools
 from reference_impl.request import Request, RequestOutput, RequestSpec
-from reference_impl.spec_draft import MirroredPools
-from reference_impl.spec_draft_model import draft_config
-from reference_impl.spec_ngram import NgramProposer
-from reference_impl.spec_verify import accept_stats, greedy_accept, outputs_accept_stats
+from reference_impl.spec.draft import MirroredPools
+from reference_impl.spec.draft_model import draft_config
+from reference_impl.spec.ngram import NgramProposer
+from reference_impl.spec.verify import accept_stats, greedy_accept, outputs_accept_stats
 
 DEFAULT_WORKLOADS = ("system_prompt", "multi_turn", "long_prompts", "burst")
 
@@ -180,7 +180,7 @@ def test_cell_metrics_report_accept_length_and_draft_state_hits(tmp_path) -> Non
 
 
 def test_engine_asserts_emitted_equals_accepted_plus_one(make_engine, monkeypatch) -> None:
-    from reference_impl.model_runner import ModelRunner
+    from reference_impl.engine.model_runner import ModelRunner
 
     original = ModelRunner._verify
 

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_impl.mamba2 import Mamba2Config, Mamba2Mixer, ssd_chunked_scan
+from reference_impl.config import Mamba2Config
+from reference_impl.model.mamba2 import Mamba2Mixer, ssd_chunked_scan
 
 TOL = 1e-5          # fp32 relative tolerance from the brief
 CFG = Mamba2Config(hidden=64, chunk_size=8)

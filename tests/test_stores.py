@@ -16,8 +16,8 @@ import torch
 from fixtures.workloads import load_workload
 from harness.engine_setup import build_engine_config
 from harness.runner import run_workload
-from reference_impl.engine import Engine
-from reference_impl.stores import FileStore, RedisStore, StoreError
+from reference_impl.cache.stores import FileStore, RedisStore, StoreError
+from reference_impl.engine.llm_engine import Engine
 
 LEVELS = {"cache": "storage", "model": "dense", "page_size": 16}
 

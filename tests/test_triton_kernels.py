@@ -1,6 +1,6 @@
 """Triton paged attention equals dense attention, reads whole pages, and models SGLang #33517 / #33974.
 
-On CPU the kernels run under Triton's interpreter (``reference_impl.triton_kernels`` sets
+On CPU the kernels run under Triton's interpreter (``reference_impl.attention.triton_ops.common`` sets
 TRITON_INTERPRET=1 when no CUDA device exists); the ``cuda`` parameter runs the same checks
 compiled on a GPU. Shapes stay tiny because the interpreter is slow.
 """
@@ -16,11 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from reference_impl.attention.launch_audit import LaunchGeometry, int32_overflow_risks
+from reference_impl.attention.torch_backend import TorchBackend
+from reference_impl.attention.triton_backend import PageAlignmentError, TritonBackend
+from reference_impl.attention.triton_ops.common import INTERPRETED
 from reference_impl.config import DENSE
-from reference_impl.forward_batch import ForwardBatch
-from reference_impl.torch_backend import TorchBackend
-from reference_impl.triton_backend import LaunchGeometry, PageAlignmentError, TritonBackend, int32_overflow_risks
-from reference_impl.triton_kernels import INTERPRETED
+from reference_impl.model.forward_batch import ForwardBatch
 
 NOT_INTERPRETED = "Triton compiles for CUDA in this process; export TRITON_INTERPRET=1 to run these on CPU"
 NO_CUDA = "needs a CUDA device with Triton compiling (not interpreting) the kernels"
@@ -303,7 +304,7 @@ COMPILE_FOR_SM90 = """
 import json, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from reference_impl import triton_decode as dec, triton_extend as ext
+from reference_impl.attention.triton_ops import decode as dec, extend as ext
 ptrs = dict(kv_indptr="*i32", qo_indptr="*i32", prefix_lens="*i32", split_pages="*i32",
             kv_indices="*i64", indices="*i64", packed_rows="*i64")
 def build(fn, consts):

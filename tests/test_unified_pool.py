@@ -11,8 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from fixtures.workloads import load_workload
 from reference_impl.config import DENSE, HYBRID, ModelConfig
-from reference_impl.kv_pool import PoolIntegrityError, StaticPools
-from reference_impl.unified_pool import LAZY_HOLE_FRACTION, EagerUnifiedPool, UnifiedPool, UnmappedIdError
+from reference_impl.memory.static import PoolIntegrityError, StaticPools
+from reference_impl.memory.unified import LAZY_HOLE_FRACTION, EagerUnifiedPool, UnifiedPool, UnmappedIdError
 
 NUM_PAGES, NUM_SLOTS = 6, 4
 SEEDS = st.integers(0, 2**16)

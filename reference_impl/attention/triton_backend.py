@@ -12,7 +12,7 @@ tokens' K/V by ``batch.out_cache_loc_virtual``, untranslated. ``slot_stride_int3
 (SGLang #33974 root cause 2): every pool-reading kernel computes page × stride in int32.
 Each pool-reading launch is recorded in ``launches`` for ``int32_overflow_risks``.
 
-Kernels run compiled on CUDA and under Triton's interpreter on CPU (see ``triton_kernels``).
+Kernels run compiled on CUDA and under Triton's interpreter on CPU (see ``triton_ops.common``).
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from reference_impl.forward_batch import ForwardBatch
-from reference_impl.launch_audit import LaunchGeometry, int32_overflow_risks  # noqa: F401 (re-exported)
-from reference_impl.triton_decode import decode_attention
-from reference_impl.triton_extend import extend_attention
-from reference_impl.triton_kernels import INTERPRETED
+from reference_impl.attention.launch_audit import LaunchGeometry
+from reference_impl.attention.triton_ops.common import INTERPRETED
+from reference_impl.attention.triton_ops.decode import decode_attention
+from reference_impl.attention.triton_ops.extend import extend_attention
+from reference_impl.model.forward_batch import ForwardBatch
 
 #: streaming multiprocessors assumed under the interpreter, so the split heuristic behaves like a small GPU.
 INTERPRETER_CORES = 16

@@ -6,14 +6,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reference_impl.batch_invariant import TILE
+from reference_impl.attention.launch_audit import AUDIT_KV_BYTES, int32_overflow_risks
 from reference_impl.config import EngineConfig
-from reference_impl.host_pool import PageMover
-from reference_impl.launch_audit import AUDIT_KV_BYTES, int32_overflow_risks
-from reference_impl.model_runner import Chunk, ModelRunner, load_model
-from reference_impl.request import Phase, Request, RequestOutput, RequestSpec
-from reference_impl.scheduler import Admission
-from reference_impl.spec_ngram import NoProposer
+from reference_impl.engine.model_runner import ModelRunner
+from reference_impl.engine.scheduler import Admission
+from reference_impl.memory.host import PageMover
+from reference_impl.model.batch_invariant import TILE
+from reference_impl.model.tiny_lm import load_model
+from reference_impl.request import Chunk, Phase, Request, RequestOutput, RequestSpec
+from reference_impl.spec.ngram import NoProposer
 
 
 class EngineStallError(RuntimeError):

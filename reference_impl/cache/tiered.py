@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from reference_impl.host_pool import HostPool, PageMover, page_hashes
-from reference_impl.radix_cache import InsertResult, MatchResult, RadixCache, TreeNode
+from reference_impl.cache.radix import InsertResult, MatchResult, RadixCache, TreeNode
+from reference_impl.memory.host import HostPool, PageMover, page_hashes
 
 WRITE_POLICIES = ("write_through", "write_back")
 

@@ -1,38 +1,14 @@
 """Model runner: turns scheduled chunks into a ForwardBatch (virtual → physical), runs it, samples greedily."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
 
 import torch
 
-from reference_impl.config import ModelConfig
-from reference_impl.forward_batch import ForwardBatch
-from reference_impl.model import TinyLM
-from reference_impl.request import Request
-from reference_impl.spec_verify import greedy_accept
-
-
-@lru_cache(maxsize=8)
-def load_model(cfg: ModelConfig, device: str, dtype: torch.dtype) -> TinyLM:
-    """The seeded model for ``cfg``; weights are read-only, so engines share one instance."""
-    return TinyLM(cfg, device=device, dtype=dtype)
-
-
-@dataclass(slots=True)
-class Chunk:
-    """Tokens ``start .. start+length-1`` of a request's sequence, computed in this step."""
-
-    req: Request
-    start: int
-    length: int
-    checkpoints: dict[int, int] = field(default_factory=dict)  # position -> virtual state slot
-    draft: list[int] | None = None  # a verify chunk: the last token is followed by these draft tokens
-
-    @property
-    def samples(self) -> bool:
-        """The chunk reaches the end of the known sequence, so its last logits pick the next token."""
-        return self.start + self.length == self.req.seq_len
+from reference_impl.model.forward_batch import ForwardBatch
+from reference_impl.model.tiny_lm import TinyLM
+from reference_impl.request import Chunk, Request
+from reference_impl.spec.verify import greedy_accept
 
 
 @dataclass(slots=True)

@@ -47,7 +47,7 @@ def check_device(tensor: torch.Tensor, what: str) -> None:
     if not INTERPRETED and tensor.device.type != "cuda":
         raise TritonDeviceError(
             f"{what} is on {tensor.device} but Triton compiles for CUDA in this process: build the engine "
-            "with device='cuda', or export TRITON_INTERPRET=1 before importing reference_impl.triton_kernels"
+            "with device='cuda', or export TRITON_INTERPRET=1 before importing reference_impl.attention.triton_ops.common"
         )
 
 

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from reference_impl.config import ModelConfig
-from reference_impl.kv_pool import IdAllocator, PoolIntegrityError, keep_memory, write_paged_kv
-from reference_impl.poison import poison_, poison_rows_
+from reference_impl.memory.poison import poison_, poison_rows_
+from reference_impl.memory.static import IdAllocator, PoolIntegrityError, keep_memory, write_paged_kv
 
 COMPACTION_MODES = ("eager", "lazy")
 #: lazy mode compacts at alloc time once the holes inside the live span exceed this fraction of the pool.

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from reference_impl.config import ModelConfig
-from reference_impl.model import TinyLM, apply_rope, linear_for, rms_norm
+from reference_impl.model.tiny_lm import TinyLM, apply_rope, linear_for, rms_norm
 
 #: fraction of seeded noise mixed into every derived weight: agreement high, never perfect.
 DRAFT_NOISE = 0.35

@@ -37,52 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from reference_impl import batch_invariant
+from reference_impl.config import Mamba2Config
+from reference_impl.model import batch_invariant
 
 Linear = Callable[[Tensor, Tensor], Tensor]
-
-
-@dataclass(frozen=True, slots=True)
-class Mamba2Config:
-    """Shape of one Mamba2 mixer (n_groups = 1)."""
-
-    hidden: int
-    d_state: int = 16
-    d_conv: int = 4
-    expand: int = 2
-    head_dim: int = 16
-    chunk_size: int = 16
-
-    def __post_init__(self) -> None:
-        """Reject shapes the mixer cannot build, naming the field at fault."""
-        for name in ("hidden", "d_state", "d_conv", "expand", "head_dim", "chunk_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"Mamba2Config.{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_inner % self.head_dim:
-            raise ValueError(f"Mamba2Config: d_inner={self.d_inner} is not a multiple of head_dim={self.head_dim}")
-
-    @property
-    def d_inner(self) -> int:
-        """Width of the SSM branch (x and z)."""
-        return self.expand * self.hidden
-
-    @property
-    def nheads(self) -> int:
-        """Number of SSM heads, each with its own scalar A, Δ and D."""
-        return self.d_inner // self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        """Channels of the causal conv: x, B and C."""
-        return self.d_inner + 2 * self.d_state
-
-    def conv_state_shape(self) -> tuple[int, int]:
-        """Shape of one request's conv state: the last d_conv raw xBC inputs."""
-        return (self.conv_dim, self.d_conv)
-
-    def ssm_state_shape(self) -> tuple[int, int, int]:
-        """Shape of one request's SSM state h."""
-        return (self.nheads, self.head_dim, self.d_state)
 
 
 @dataclass(frozen=True, slots=True)

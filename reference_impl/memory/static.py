@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from reference_impl.config import ModelConfig
-from reference_impl.poison import poison_, poison_rows_
+from reference_impl.memory.poison import poison_, poison_rows_
 
 
 class PoolIntegrityError(AssertionError):

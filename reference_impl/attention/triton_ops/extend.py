@@ -7,7 +7,7 @@ tokens' K/V from the ``k``/``v`` inputs under the causal mask. The unified varia
 (``UNIFIED``; SGLang's deterministic path, ``_forward_extend_unified``) reads everything
 from the pool through one index list per request, prefix slots then new slots: a key
 counts the same way whether it was a cache hit or just written, which is also why a wrong
-new-token slot shows up only there (SGLang #33517). See ``triton_kernels`` for the
+new-token slot shows up only there (SGLang #33517). See ``triton_ops.common`` for the
 masking and index-width rules.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from reference_impl.triton_kernels import (
+from reference_impl.attention.triton_ops.common import (
     attend_pages,
     block_d,
     block_n,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from reference_impl.stores import StoreError
-from reference_impl.tiered_cache import Copies, HostCache, LoadPlan
+from reference_impl.cache.stores import StoreError
+from reference_impl.cache.tiered import Copies, HostCache, LoadPlan
 
 
 class StorageCache(HostCache):

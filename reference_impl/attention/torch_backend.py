@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from reference_impl import batch_invariant
-from reference_impl.forward_batch import ForwardBatch
+from reference_impl.model import batch_invariant
+from reference_impl.model.forward_batch import ForwardBatch
 
 
 def gather_pages(view: torch.Tensor, slots: torch.Tensor, page_size: int) -> torch.Tensor:

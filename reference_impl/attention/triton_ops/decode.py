@@ -5,7 +5,7 @@ group over one range of whole pages and stores a partial output and its log-sum-
 Stage 2: one program per request merges each head's splits in split order. How many pages
 a split covers is chosen per request by the caller (``split_pages``): a fixed tile in
 deterministic mode, so a request's reduction order never depends on the batch, or a
-batch-dependent count otherwise. See ``triton_kernels`` for the masking and index rules.
+batch-dependent count otherwise. See ``triton_ops.common`` for the masking and index rules.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from reference_impl.triton_kernels import (
+from reference_impl.attention.triton_ops.common import (
     attend_pages,
     block_d,
     block_n,

@@ -10,14 +10,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import nn
 
-from reference_impl import batch_invariant
 from reference_impl.config import ModelConfig
-from reference_impl.forward_batch import ForwardBatch
-from reference_impl.mamba2 import Mamba2Mixer
+from reference_impl.model import batch_invariant
+from reference_impl.model.forward_batch import ForwardBatch
+from reference_impl.model.mamba2 import Mamba2Mixer
 
 NanSentinel = Callable[[str, torch.Tensor], None]
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -207,3 +208,9 @@ class TinyLM(nn.Module):
 def linear_for(deterministic: bool) -> Linear:
     """The batch-invariant linear in deterministic mode, BLAS otherwise."""
     return batch_invariant.linear if deterministic else fast_linear
+
+
+@lru_cache(maxsize=8)
+def load_model(cfg: ModelConfig, device: str, dtype: torch.dtype) -> TinyLM:
+    """The seeded model for ``cfg``; weights are read-only, so engines share one instance."""
+    return TinyLM(cfg, device=device, dtype=dtype)

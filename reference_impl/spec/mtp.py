@@ -7,9 +7,9 @@ fault ``mtp_layer_index_oob`` (vLLM #49642) indexes the table directly and fails
 from __future__ import annotations
 
 from reference_impl.config import EngineConfig, ModelConfig
-from reference_impl.model_runner import load_model
-from reference_impl.spec_draft import DraftProposer
-from reference_impl.spec_draft_model import load_mtp, packed_config
+from reference_impl.model.tiny_lm import load_model
+from reference_impl.spec.draft import DraftProposer
+from reference_impl.spec.draft_model import load_mtp, packed_config
 
 #: fault: the MTP layer's index (num_layers) is used on a per-layer table without a bounds check.
 MTP_LAYER_INDEX_OOB = "mtp_layer_index_oob"

@@ -9,16 +9,27 @@ proposing reads that K/V and writes nothing, so rejected drafts leave no draft s
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import torch
 
-from reference_impl import batch_invariant
+from reference_impl.attention.torch_backend import causal_attention, gather_pages
 from reference_impl.config import EngineConfig, ModelConfig
-from reference_impl.kv_pool import PoolIntegrityError
-from reference_impl.model_runner import Chunk, ModelRunner, load_model
-from reference_impl.request import Request
-from reference_impl.spec_draft_model import DraftHead, load_draft
-from reference_impl.torch_backend import causal_attention, gather_pages
+from reference_impl.memory.static import PoolIntegrityError
+from reference_impl.model import batch_invariant
+from reference_impl.model.tiny_lm import load_model
+from reference_impl.request import Chunk, Request
+from reference_impl.spec.draft_model import DraftHead, load_draft
+
+
+class SlotTranslator(Protocol):
+    """What the draft needs of the engine's model runner, the one place that translates virtual slots."""
+
+    deterministic: bool
+
+    def physical_slots(self, req: Request, start: int, end: int, pools: object) -> torch.Tensor:
+        """Physical slots of positions start..end-1 of ``req`` in ``pools``."""
+
 
 #: fault: the radix cache keeps the target's K/V of a finished prompt but drops the draft state.
 DRAFT_STATE_NOT_CACHED = "draft_state_not_cached"
@@ -79,7 +90,7 @@ class DraftProposer:
         self.kv_pool, self.kv_layer = mirrored.draft, 0
         return mirrored
 
-    def attach(self, runner: ModelRunner) -> None:
+    def attach(self, runner: SlotTranslator) -> None:
         """Remember the runner: the one place that translates the draft pool's virtual slots."""
         self.runner = runner
         self._attend = batch_invariant.causal_attention if runner.deterministic else causal_attention

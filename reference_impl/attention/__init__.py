@@ -1,0 +1,1 @@
+"""Attention backends: the torch reference, the Triton paged kernels, and the launch-geometry audit."""

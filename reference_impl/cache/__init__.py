@@ -1,0 +1,1 @@
+"""The prefix cache: the radix tree over the device pool (L1), the host tier (L2), the storage tier (L3) and its stores."""

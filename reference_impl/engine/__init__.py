@@ -1,0 +1,1 @@
+"""The engine: scheduling, continuous batching with chunked prefill, and the model runner."""

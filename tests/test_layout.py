@@ -1,0 +1,142 @@
+"""The package layout: reference_impl's sub-packages stack one way, and the harness sits on top.
+
+Read from the source with ``ast`` (every import statement, including those inside functions),
+so a cycle or a reach into another package's private names fails here, not in a reader's head.
+"""
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reference_impl import registry
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "reference_impl"
+#: the cross-cutting modules every layer may use; everything else lives in a sub-package.
+ROOT_MODULES = {"config", "request", "faults", "registry"}
+#: the project's own top-level packages that reference_impl must never import.
+ABOVE = {"harness", "fixtures", "reports", "tests", "benchmarks"}
+
+
+def module_name(path: Path) -> str:
+    """``reference_impl/cache/radix.py`` → ``reference_impl.cache.radix`` (a package's ``__init__`` is the package)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> Iterator[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import in ``path``, resolved to absolute names."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, [], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names = [alias.name for alias in node.names]
+            yield base, names, node.lineno
+            for name in names:  # ``from pkg import module`` imports the module too
+                yield f"{base}.{name}", [], node.lineno
+
+
+def unit(module: str) -> str:
+    """The layer a module belongs to: its sub-package, or ``root`` for the cross-cutting modules."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] not in ROOT_MODULES) else "root"
+
+
+def source_files() -> list[Path]:
+    return sorted((ROOT / PACKAGE).rglob("*.py"))
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Layer → layers it imports (its own excluded)."""
+    known = {module_name(p) for p in source_files()}
+    graph: dict[str, set[str]] = {}
+    for path in source_files():
+        here = unit(module_name(path))
+        graph.setdefault(here, set())
+        for target, _, _ in imports(path):
+            if target in known and unit(target) != here:
+                graph[here].add(unit(target))
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle in ``graph`` as a node path (first node repeated at the end), or None."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_sees_a_cycle_and_accepts_a_stack() -> None:
+    """The checker itself: a two-layer loop is found, a one-way stack is not."""
+    assert find_cycle({"engine": {"spec"}, "spec": {"engine"}}) == ["engine", "spec", "engine"]
+    assert find_cycle({"engine": {"spec", "model"}, "spec": {"model"}, "model": set()}) is None
+
+
+def test_sub_packages_stack_one_way() -> None:
+    """No import cycle between reference_impl's layers; the root modules import no sub-package."""
+    graph = package_graph()
+    assert find_cycle(graph) is None, f"import cycle between sub-packages: {' -> '.join(find_cycle(graph))}"
+    assert graph["root"] == set(), f"config/request/faults/registry import sub-packages: {graph['root']}"
+
+
+def test_only_cross_cutting_modules_at_the_package_root() -> None:
+    top = sorted(p.stem for p in (ROOT / PACKAGE).glob("*.py") if p.stem != "__init__")
+    assert set(top) <= ROOT_MODULES, f"modules outside a sub-package: {sorted(set(top) - ROOT_MODULES)}"
+
+
+def test_reference_impl_never_imports_the_harness() -> None:
+    """The import direction is harness/ → reference_impl/, never back."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for path in source_files()
+        for target, _, line in imports(path)
+        if target.split(".")[0] in ABOVE
+    ]
+    assert not bad, bad
+
+
+def test_no_private_names_across_packages() -> None:
+    """A module takes only public names (no leading underscore) from another layer."""
+    known = {module_name(p) for p in source_files()}
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} takes {name} from {target}"
+        for path in source_files()
+        for target, names, line in imports(path)
+        if target in known and unit(target) != unit(module_name(path))
+        for name in names
+        if name.startswith("_") and name != "__future__"
+    ]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("factor", sorted(registry.COMPONENTS))
+def test_registry_levels_resolve(factor: str) -> None:
+    """Every built-in level's import path names a class or object that exists after the move."""
+    for level in registry.COMPONENTS[factor]:
+        assert registry.resolve(factor, level) is not None
