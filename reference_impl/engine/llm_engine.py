@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reference_impl.attention.launch_audit import AUDIT_KV_BYTES, int32_overflow_risks
+from reference_impl.cache.radix import MatchResult
 from reference_impl.config import EngineConfig
 from reference_impl.engine.model_runner import ModelRunner
 from reference_impl.engine.scheduler import Admission
 from reference_impl.memory.host import PageMover
 from reference_impl.model.batch_invariant import TILE
+from reference_impl.model.forward_batch import VerifyScratch
 from reference_impl.model.tiny_lm import load_model
 from reference_impl.request import Chunk, Phase, Request, RequestOutput, RequestSpec
 from reference_impl.spec.ngram import NoProposer
@@ -69,6 +71,7 @@ class Engine:
             layout = f"{cfg.name}.{type(self.proposer).__name__}.p{config.page_size}.{config.dtype}"
             self.cache.attach_store(config.store(config.store_location), config.tenant, layout)
         self.queue = config.scheduler(config.faults)
+        self.verify_scratch = self._verify_scratch()
         self.runner = ModelRunner(
             load_model(cfg, config.device, config.dtype),
             self.pools,
@@ -77,6 +80,7 @@ class Engine:
             config.topk,
             config.deterministic,
             self.proposer,
+            self.verify_scratch,
         )
         self.proposer.attach(self.runner)
         self.snapshot_grid = math.lcm(config.page_size, cfg.mamba.chunk_size)
@@ -84,27 +88,46 @@ class Engine:
         self.running: list[Request] = []
         self._arrivals = 0
 
+    #: whether this engine runs verify steps (a PD prefill server does not, so it needs no verify scratch)
+    verifies = True
+
     # -- public ---------------------------------------------------------------------------
     def generate(self, specs: Sequence[RequestSpec]) -> list[RequestOutput]:
         """Run ``specs`` to completion; outputs come back in finishing order, rejections first."""
-        outputs: list[RequestOutput] = []
+        outputs = self.submit(specs)
+        while self.has_work():
+            if not self.step(outputs):
+                raise EngineStallError(self.stall_report())
+        return outputs
+
+    def submit(self, specs: Sequence[RequestSpec]) -> list[RequestOutput]:
+        """Queue ``specs``; returns at once the outputs of those rejected, each naming why."""
+        rejected: list[RequestOutput] = []
         seen: set[str] = set()
         for spec in specs:
-            reason = self._rejection(spec, seen)
+            reason = self.rejection(spec, seen)
             seen.add(spec.rid)
             if reason:
-                outputs.append(RequestOutput(spec.rid, [], [], [], [], [], 0, "rejected", reason))
+                rejected.append(RequestOutput(spec.rid, [], [], [], [], [], 0, "rejected", reason))
                 continue
-            out = RequestOutput(spec.rid, [], [], [], [], [], 0, "length")
-            self.queue.push(Request(spec, self._arrivals, out))
-            self._arrivals += 1
-        while self.running or len(self.queue):
-            if not self._step(outputs):
-                raise EngineStallError(
-                    f"no progress: {len(self.queue)} waiting, {len(self.running)} running, "
-                    f"{self.pools.num_free_pages} free pages, {self.cache.evictable_pages()} evictable"
-                )
-        return outputs
+            self.queue.push(self.new_request(spec))
+        return rejected
+
+    def new_request(self, spec: RequestSpec) -> Request:
+        """Engine-side state of a new request, numbered in arrival order."""
+        self._arrivals += 1
+        return Request(spec, self._arrivals - 1, RequestOutput(spec.rid, [], [], [], [], [], 0, "length"))
+
+    def has_work(self) -> bool:
+        return bool(self.running or len(self.queue))
+
+    def step(self, outputs: list[RequestOutput]) -> bool:
+        """Run one prefill or decode step, appending finished requests' outputs; False when nothing could run."""
+        return self._step(outputs)
+
+    def stall_report(self) -> str:
+        return (f"no progress: {len(self.queue)} waiting, {len(self.running)} running, "
+                f"{self.pools.num_free_pages} free pages, {self.cache.evictable_pages()} evictable")
 
     def audit(self) -> list[str]:
         """Integrity problems of the idle engine: leaks, double ownership, stale reads, wrapping offsets."""
@@ -136,7 +159,7 @@ class Engine:
         return self.runner.nan_events
 
     # -- validation ---------------------------------------------------------------------
-    def _rejection(self, spec: RequestSpec, seen: set[str]) -> str:
+    def rejection(self, spec: RequestSpec, seen: set[str]) -> str:
         """Why a request cannot be served at all, naming it; empty when it can."""
         vocab = self.config.model.vocab_size
         if spec.rid in seen:
@@ -178,9 +201,13 @@ class Engine:
             self.stats.prefill_tokens += tokens
         for chunk in chunks:
             if chunk.req.done:
-                self._finish(chunk.req)
-                outputs.append(chunk.req.output)
+                self._complete(chunk.req, outputs)
         return True
+
+    def _complete(self, req: Request, outputs: list[RequestOutput]) -> None:
+        """A request produced its last token: cache its prompt, free the rest, hand its output back."""
+        self._finish(req)
+        outputs.append(req.output)
 
     def _schedule_prefill(self) -> list[Chunk]:
         """Continue partial prefills, then admit waiting requests, under the token budget."""
@@ -256,7 +283,30 @@ class Engine:
         return self.pools.alloc_state_slot()
 
     def _admit(self, req: Request) -> bool:
-        """Match the prefix cache and take pages (and a state slot); False leaves nothing held."""
+        """Take the request's memory and start it running; False leaves nothing held."""
+        match = self.acquire(req)
+        if match is None:
+            return False
+        full = self.proposer.full_hit(match.pages) if match.matched_tokens else None
+        if full is not None:
+            self.stats.draft_full_hits += full
+            self.stats.draft_partial_hits += not full
+        if not req.admitted_once:
+            req.output.cached_tokens = match.matched_tokens
+            req.output.cached_host = match.host_tokens
+            req.output.cached_storage = match.storage_tokens
+            req.output.cached_device = match.matched_tokens - match.host_tokens - match.storage_tokens
+            req.admitted_once = True
+        req.phase = Phase.RUNNING
+        self.running.append(req)
+        return True
+
+    def acquire(self, req: Request) -> MatchResult | None:
+        """Match the prefix cache and take pages for the whole sequence (and a state slot); None holds nothing.
+
+        On success the request owns its pages and slot, ``num_computed`` is the hit, and the
+        matched prefix stays locked (``cache_node``) until ``_release``.
+        """
         tokens = req.all_tokens()
         match = self.cache.match_prefix(tokens[:-1])
         self.cache.lock(match.node)
@@ -264,7 +314,7 @@ class Engine:
         reserve = len(self.running) + 1 if self.running else 0
         if not self._reserve_pages(new_pages + reserve):
             self.cache.unlock(match.node)
-            return False
+            return None
         if match.pending is not None:  # the request fits: now load its prefix back from the tiers below
             loaded = self.cache.load_back(tokens[:-1], match)
             if loaded is not match:
@@ -279,24 +329,12 @@ class Engine:
             req.state_slot = self._new_state_slot()
             if req.state_slot is None:
                 self._release(req)
-                return False
+                return None
             if match.state_slot is not None:
                 self.pools.copy_state(match.state_slot, req.state_slot)
             else:
                 self.pools.zero_state(req.state_slot)
-        full = self.proposer.full_hit(match.pages) if match.matched_tokens else None
-        if full is not None:
-            self.stats.draft_full_hits += full
-            self.stats.draft_partial_hits += not full
-        if not req.admitted_once:
-            req.output.cached_tokens = match.matched_tokens
-            req.output.cached_host = match.host_tokens
-            req.output.cached_storage = match.storage_tokens
-            req.output.cached_device = match.matched_tokens - match.host_tokens - match.storage_tokens
-            req.admitted_once = True
-        req.phase = Phase.RUNNING
-        self.running.append(req)
-        return True
+        return match
 
     def _chunk(self, req: Request, budget: int) -> Chunk:
         """The next prefill chunk of ``req`` (at most ``budget`` tokens), with its Mamba checkpoints."""
@@ -348,6 +386,14 @@ class Engine:
         req.checkpoint_slots = {pos: s for pos, s in req.checkpoint_slots.items() if s in result.unused_slots}
         self._release(req)
         req.phase = Phase.FINISHED
+
+    def _verify_scratch(self) -> VerifyScratch | None:
+        """Intermediate Mamba states for verify steps: only a hybrid engine that verifies drafts needs them."""
+        cfg = self.config
+        if not (self.verifies and self.proposer.speculative and cfg.model.is_hybrid):
+            return None
+        return VerifyScratch.allocate(cfg.model.mamba, len(cfg.model.mamba_layers), cfg.max_running,
+                                      cfg.num_draft_tokens + 1, cfg.device, cfg.dtype)
 
     def _release(self, req: Request) -> None:
         """Unlock the cache path and free every page and slot the request still owns."""

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference_impl.model.forward_batch import ForwardBatch
+from reference_impl.model.forward_batch import ForwardBatch, VerifyScratch
 from reference_impl.model.tiny_lm import TinyLM
 from reference_impl.request import Chunk, Request
 from reference_impl.spec.verify import greedy_accept
@@ -25,9 +25,10 @@ class ModelRunner:
 
     def __init__(
         self, model: TinyLM, pools: object, backend: object, page_size: int, topk: int, deterministic: bool,
-        proposer: object,
+        proposer: object, verify_scratch: VerifyScratch | None = None,
     ) -> None:
         self.model = model
+        self.verify_scratch = verify_scratch
         self.proposer = proposer
         self.deterministic = deterministic
         self.pools = pools
@@ -87,6 +88,7 @@ class ModelRunner:
             is_decode=is_decode,
             out_cache_loc_virtual=virtual_loc,
             verify=chunks[0].draft is not None,
+            verify_scratch=self.verify_scratch if chunks[0].draft is not None else None,
         )
 
     def run(self, chunks: list[Chunk], is_decode: bool) -> None:
@@ -126,11 +128,11 @@ class ModelRunner:
             chunk.req.output.accepted.append(accepted)
             chunk.req.output.drafted.append(len(chunk.draft))
             chunk.req.num_computed = chunk.start + accepted + 1
-            for (layer, row), trail in batch.mamba_trail.items():
-                if row == r:
-                    conv, ssm = self.pools.state_views(layer)
-                    slot = batch.state_slots[r]
-                    conv[slot], ssm[slot] = trail[accepted]
+            scratch = batch.verify_scratch
+            for layer in range(len(scratch.conv) if scratch is not None and batch.state_slots else 0):
+                conv, ssm = self.pools.state_views(layer)
+                slot = batch.state_slots[r]
+                conv[slot], ssm[slot] = scratch.conv[layer][r, accepted], scratch.ssm[layer][r, accepted]
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
         logprobs = torch.log_softmax(logits, dim=-1)

@@ -1,9 +1,37 @@
 """ForwardBatch: what one model step reads, in physical ids, packed CSR-style like SGLang."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from reference_impl.config import Mamba2Config
+
+
+@dataclass(slots=True)
+class VerifyScratch:
+    """The Mamba state after every token of a verify step, per layer and batch row, for exact rollback.
+
+    SGLang's ``intermediate_ssm_state_cache``: (k + 1) states per running request and Mamba layer,
+    allocated once with the engine. Only an engine that verifies needs it; a PD prefill server
+    never runs a verify step and must not pay for it (SGLang #34191: 24 GB per rank).
+    """
+
+    conv: list[torch.Tensor]  # per Mamba layer: (rows, positions, *conv_state_shape)
+    ssm: list[torch.Tensor]   # per Mamba layer: (rows, positions, *ssm_state_shape)
+
+    @classmethod
+    def allocate(
+        cls, mamba: Mamba2Config, layers: int, rows: int, positions: int, device: str, dtype: torch.dtype
+    ) -> VerifyScratch:
+        """Scratch for ``rows`` requests verifying up to ``positions`` tokens each, in ``layers`` Mamba layers."""
+        conv = [torch.zeros(rows, positions, *mamba.conv_state_shape(), device=device, dtype=dtype) for _ in range(layers)]
+        ssm = [torch.zeros(rows, positions, *mamba.ssm_state_shape(), device=device, dtype=dtype) for _ in range(layers)]
+        return cls(conv, ssm)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.conv, *self.ssm))
 
 
 @dataclass(slots=True)
@@ -27,8 +55,7 @@ class ForwardBatch:
     is_decode: bool                # every request adds exactly one token after a prefix
     out_cache_loc_virtual: torch.Tensor | None = None  # the untranslated slots, kept only to model missed translations
     verify: bool = False           # speculative verify step: the last token plus drafts, Mamba stepped token by token
-    #: verify steps: (mamba layer, request) -> (conv, ssm) state after each of its tokens, for exact rollback
-    mamba_trail: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    verify_scratch: VerifyScratch | None = None  # verify steps of hybrid models: where each token's Mamba state goes
 
     @property
     def batch_size(self) -> int:

@@ -122,16 +122,20 @@ class MambaLayer(nn.Module):
     def _verify(self, x: torch.Tensor, ctx: LayerContext, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
         """Verify step: the recurrent step token by token (the bits a plain decode gets), keeping every state."""
         batch = ctx.batch
+        scratch = batch.verify_scratch
+        if scratch is None:
+            raise RuntimeError("a verify step on an engine built without verify scratch (a PD prefill server never verifies)")
         out = torch.empty_like(x)
         for r, slot in enumerate(batch.state_slots):
-            trail = batch.mamba_trail.setdefault((self.mamba_layer, r), [])
-            for row in range(batch.qo_indptr[r], batch.qo_indptr[r + 1]):
+            q0 = batch.qo_indptr[r]
+            for row in range(q0, batch.qo_indptr[r + 1]):
                 res, conv_new, ssm_new = self.mixer.forward_decode(
                     x[row : row + 1], conv[[slot]], ssm[[slot]], deterministic=ctx.deterministic
                 )
                 out[row] = res[0]
                 conv[slot], ssm[slot] = conv_new[0], ssm_new[0]
-                trail.append((conv_new[0].clone(), ssm_new[0].clone()))
+                scratch.conv[self.mamba_layer][r, row - q0] = conv_new[0]
+                scratch.ssm[self.mamba_layer][r, row - q0] = ssm_new[0]
             ctx.sentinel(f"mamba_state[{self.mamba_layer}]", ssm[slot])
         return out
 
