@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from fixtures.workloads import Workload
 from reference_impl import registry
 from reference_impl.config import EngineConfig
+from reference_impl.engine.llm_engine import Engine
+from reference_impl.pd.disagg import DisaggEngine
 
 #: level of every engine factor a matrix leaves out.
 DEFAULT_LEVELS: dict[str, object] = {
@@ -21,6 +23,10 @@ DEFAULT_LEVELS: dict[str, object] = {
     "spec": "none",
     "num_draft_tokens": 3,
     "store": "file",
+    "pd": "off",
+    "pd_staging": "off",
+    "decode_tp": 1,
+    "pd_fail_rate": 0.0,
 }
 
 STATE_SLOTS = 256
@@ -49,3 +55,8 @@ def build_engine_config(
         faults=faults,
         device=device,
     )
+
+
+def make_engine(config: EngineConfig) -> Engine | DisaggEngine:
+    """One engine, or a prefill engine and a decode server behind the cell's PD transport."""
+    return DisaggEngine(config) if config.pd is not None else Engine(config)

@@ -24,7 +24,7 @@ from harness import covering
 DEFAULT_GOLDEN: Mapping[str, object] = MappingProxyType(
     {"pool": "static", "backend": "torch", "cache": "off", "scheduler": "fcfs", "page_size": 1,
      "prefill_budget": 128, "deterministic": "on", "poison": "off",
-     "spec": "none"}
+     "spec": "none", "pd": "off", "pd_staging": "off", "decode_tp": 1, "pd_fail_rate": 0.0}
 )
 
 MODES = ("full", "t-wise", "ofat")

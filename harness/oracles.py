@@ -61,6 +61,7 @@ class PassView:
     reference_name: str = ""                      # "solo" (each request alone) or "cold"
     spec_reference: list[RequestOutput] | None = None  # golden levels with the cell's spec algorithm (spec cells)
     max_accept_length: int = 1                     # k + 1: the most a verify step can emit
+    aborts_allowed: bool = False                   # PD with injected transport failures: "aborted" is a valid end
 
     def by_rid(self) -> dict[str, RequestOutput]:
         return {o.rid: o for o in self.outputs}
@@ -182,8 +183,12 @@ def cached_tokens_oracle(views: Sequence[PassView]) -> Verdict:
 
 
 def completeness_oracle(views: Sequence[PassView]) -> Verdict:
-    """Every submitted request finishes exactly once, with exactly the tokens it asked for."""
-    findings = []
+    """Every submitted request finishes exactly once, with exactly the tokens it asked for.
+
+    Where the cell injects transport failures (PD), a request may instead end ``aborted`` with
+    no token: it was retried once and failed again, and the engine said so.
+    """
+    findings, aborted = [], 0
     for view in views:
         seen: dict[str, int] = {}
         for out in view.outputs:
@@ -191,6 +196,8 @@ def completeness_oracle(views: Sequence[PassView]) -> Verdict:
             want = view.requested.get(out.rid)
             if want is None:
                 findings.append({"workload": view.workload, "pass": view.name, "request": out.rid, "problem": "never submitted"})
+            elif view.aborts_allowed and out.finish_reason == "aborted" and not out.tokens and out.error:
+                aborted += 1
             elif out.finish_reason != "length" or len(out.tokens) != want:
                 findings.append({"workload": view.workload, "pass": view.name, "request": out.rid,
                                  "problem": f"finished '{out.finish_reason}' with {len(out.tokens)} of {want} tokens {out.error}".strip()})
@@ -199,7 +206,8 @@ def completeness_oracle(views: Sequence[PassView]) -> Verdict:
             if count != 1:
                 problem = "never finished (lost)" if count == 0 else f"finished {count} times"
                 findings.append({"workload": view.workload, "pass": view.name, "request": rid, "problem": problem})
-    return _verdict("completeness", findings, "every request finished once with its length",
+    note = f" ({aborted} aborted after a failed transfer and a failed retry)" if aborted else ""
+    return _verdict("completeness", findings, f"every request finished once with its length{note}",
                     lambda f: f"{len(f)} problem(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['request']} {f[0]['problem']}")
 
 

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from fixtures.workloads import CachedExpectation, Workload, load_workload
-from harness.engine_setup import STATE_INTERVAL, build_engine_config, engine_levels
+from harness.engine_setup import STATE_INTERVAL, build_engine_config, engine_levels, make_engine
 from harness.matrix import Cell, MatrixSpec
 from harness.oracles import PASSES, PassView, Verdict, judge
 from reference_impl.cache.radix import NoCache
 from reference_impl.engine.llm_engine import Engine, EngineStats
+from reference_impl.pd.disagg import DisaggEngine
 from reference_impl.request import TIERS, RequestOutput
 from reference_impl.spec.verify import outputs_accept_stats
 
@@ -71,6 +72,8 @@ class WorkloadRun:
     chunk_size: int  # the Mamba2 SSD chunk, which with the page size sets the snapshot grid
     seconds: float
     tiers: tuple[str, ...] = ()  # the cache's tiers below L1 ("host", "storage")
+    pd: dict | None = None       # PD cells: what crossed between the engines (DisaggEngine.counters)
+    aborts_allowed: bool = False  # PD cells that inject transport failures may report requests aborted
 
 
 def run_workload(
@@ -80,21 +83,29 @@ def run_workload(
     # A store namespace of its own: a shared Redis must not carry one run's prefixes into another's cold pass.
     config = replace(build_engine_config(levels, workload, faults, device), tenant=f"run-{uuid.uuid4().hex}")
     started = time.perf_counter()
-    engine = Engine(config)
-    passes = {}
-    for name in PASSES:
-        seen = len(engine.nan_events)
-        outputs = engine.generate(workload.requests)
-        passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit())
+    engine = make_engine(config)
+    try:
+        passes = {}
+        for name in PASSES:
+            seen = len(engine.nan_events)
+            outputs = engine.generate(workload.requests)
+            passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit())
+        stats, tiers = engine.stats, engine.cache.lower_tiers
+        pd = engine.counters() if isinstance(engine, DisaggEngine) else None
+    finally:
+        engine.close()
     solo = None
     if config.deterministic:
-        solo = Engine(replace(config, max_running=1, tenant=f"solo-{config.tenant}")).generate(workload.requests)
+        # alone, on one plain engine: a reference that shares no PD mechanism with the cell
+        solo = Engine(replace(config, max_running=1, pd=None, tenant=f"solo-{config.tenant}")).generate(workload.requests)
     return WorkloadRun(
-        workload, passes, solo, engine.stats, config.dtype, config.cache is not NoCache,
+        workload, passes, solo, stats, config.dtype, config.cache is not NoCache,
         config.model.is_hybrid, config.deterministic, config.page_size, config.num_draft_tokens,
         config.model.mamba.chunk_size,
         time.perf_counter() - started,
-        engine.cache.lower_tiers,
+        tiers,
+        pd,
+        config.pd_fail_rate > 0,
     )
 
 
@@ -154,6 +165,7 @@ def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | Non
             {r.rid: r.max_new_tokens for r in run.workload.requests}, expected,
             record.nan_events, record.audit, run.dtype, run.deterministic, run.hybrid, reference, reference_name,
             spec_golden.passes["cold"].outputs if spec_golden else None, run.num_draft_tokens + 1,
+            run.aborts_allowed,
         ))
     return views
 
@@ -174,8 +186,19 @@ def _metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, 
         "cached_tokens_cold": sum(o.cached_tokens for r in runs for o in r.passes["cold"].outputs),
         "preemptions": sum(r.stats.preemptions for r in runs),
         **_spec_metrics(runs),
+        **_pd_metrics(runs),
         "golden_reused": len(own_runs) < len(runs),
     }
+
+
+def _pd_metrics(runs: list[WorkloadRun]) -> dict[str, object]:
+    """PD cells: what crossed (summed over workloads), the move gate's refusals and each side's verify scratch."""
+    counters = [r.pd for r in runs if r.pd is not None]
+    if not counters:
+        return {}
+    summed = {key: sum(c[key] for c in counters) for key, value in counters[0].items() if isinstance(value, int)}
+    scratch = {side: max(c["verify_scratch_bytes"][side] for c in counters) for side in ("prefill", "decode")}
+    return {"pd": {**summed, "verify_scratch_bytes": scratch}}
 
 
 def _spec_metrics(runs: list[WorkloadRun]) -> dict[str, object]:

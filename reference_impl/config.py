@@ -118,6 +118,10 @@ class EngineConfig:
     store: type | None = None      # the L3 backend class (reference_impl.cache.stores); used only by cache=storage
     store_location: str | None = None  # its directory or URL; None: the backend's default
     tenant: str = "default"        # the store namespace this engine reads and writes
+    pd: type | None = None         # PD disaggregation: the KV transport class (reference_impl.pd); None = one engine
+    pd_staging: bool = False       # PD: gather head slices into the decode side's staging ring on an even chunk grid
+    decode_tp: int = 1             # PD: attention-TP shards the decode side splits the KV heads over
+    pd_fail_rate: float = 0.0      # PD: seeded probability that a chunk is lost in transport
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
 

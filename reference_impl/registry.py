@@ -42,6 +42,11 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "torch": "reference_impl.attention.torch_backend:TorchBackend",
         "triton": "reference_impl.attention.triton_backend:TritonBackend",
     },
+    "pd": {
+        "off": "reference_impl.pd.transport:NO_DISAGGREGATION",
+        "inproc": "reference_impl.pd.transport:InprocTransport",
+        "nixl": "reference_impl.pd.nixl.conn:NixlTransport",
+    },
     "spec": {
         "none": "reference_impl.spec.ngram:NoProposer",
         "ngram": "reference_impl.spec.ngram:NgramProposer",
@@ -54,6 +59,7 @@ COMPONENTS: dict[str, dict[str, str]] = {
 SWITCH_FACTORS: dict[str, dict[str, bool]] = {
     "deterministic": {"off": False, "on": True},
     "poison": {"off": False, "on": True},
+    "pd_staging": {"off": False, "on": True},
 }
 
 #: factors whose levels are plain values, with the type each level must have.
@@ -61,12 +67,16 @@ VALUE_FACTORS: dict[str, type] = {
     "page_size": int,       # tokens per KV page (vLLM block_size)
     "prefill_budget": int,  # tokens per chunked-prefill step (vLLM max_num_batched_tokens)
     "num_draft_tokens": int,  # draft tokens per speculative verify step (vLLM num_speculative_tokens)
+    "decode_tp": int,       # PD: attention-TP shards of the decode side (KV heads split over them)
 }
+
+#: factors whose levels are probabilities: a number in [0, 1).
+PROBABILITY_FACTORS: frozenset[str] = frozenset({"pd_fail_rate"})  # PD: chance a chunk is lost in transport
 
 
 def known_factors() -> list[str]:
     """Every factor a matrix file may name, in a stable order."""
-    return sorted([*COMPONENTS, *VALUE_FACTORS, *SWITCH_FACTORS])
+    return sorted([*COMPONENTS, *VALUE_FACTORS, *SWITCH_FACTORS, *PROBABILITY_FACTORS])
 
 
 def import_path(path: str) -> Any:
@@ -91,6 +101,10 @@ def check_level(factor: str, level: object) -> None:
         if not isinstance(level, kind) or isinstance(level, bool) or (kind is int and level <= 0):
             raise UnknownLevelError(f"level {level!r} of {factor!r} must be a positive {kind.__name__}")
         return
+    if factor in PROBABILITY_FACTORS:
+        if not isinstance(level, (int, float)) or isinstance(level, bool) or not 0 <= level < 1:
+            raise UnknownLevelError(f"level {level!r} of {factor!r} must be a probability in [0, 1)")
+        return
     if factor in SWITCH_FACTORS:
         if level not in SWITCH_FACTORS[factor]:
             raise UnknownLevelError(f"level {level!r} of {factor!r} must be one of: off, on")
@@ -109,6 +123,8 @@ def resolve(factor: str, level: object) -> Any:
     check_level(factor, level)
     if factor in VALUE_FACTORS:
         return level
+    if factor in PROBABILITY_FACTORS:
+        return float(level)
     if factor in SWITCH_FACTORS:
         return SWITCH_FACTORS[factor][level]
     assert isinstance(level, str)

@@ -125,6 +125,9 @@ class Engine:
         """Run one prefill or decode step, appending finished requests' outputs; False when nothing could run."""
         return self._step(outputs)
 
+    def close(self) -> None:
+        """Nothing to stop: an engine lives in this process (a PD engine's decode side may not)."""
+
     def stall_report(self) -> str:
         return (f"no progress: {len(self.queue)} waiting, {len(self.running)} running, "
                 f"{self.pools.num_free_pages} free pages, {self.cache.evictable_pages()} evictable")

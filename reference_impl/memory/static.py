@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from reference_impl.config import ModelConfig
+from reference_impl.memory.layout import PoolGeometry, RegionTable
 from reference_impl.memory.poison import poison_, poison_rows_
 
 
@@ -224,6 +225,11 @@ class StaticPools:
         p_src, p_dst = self.to_physical_state([src, dst])
         self._conv[:, p_dst] = self._conv[:, p_src]
         self._ssm[:, p_dst] = self._ssm[:, p_src]
+
+    def transfer_geometry(self, regions: RegionTable) -> PoolGeometry:
+        """Where every layer's pages and state slots lie, for a transfer engine (the K, V and state tensors)."""
+        return PoolGeometry.of([self.kv_views(l) for l in range(self._k.shape[0])],
+                               [self.state_views(m) for m in range(self._conv.shape[0])], regions)
 
     def check_integrity(self) -> None:
         """Raise PoolIntegrityError if a page or slot is both free and live, or unaccounted for."""

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from reference_impl.config import ModelConfig
+from reference_impl.memory.layout import PoolGeometry, RegionTable
 from reference_impl.memory.poison import poison_, poison_rows_
 from reference_impl.memory.static import IdAllocator, PoolIntegrityError, keep_memory, write_paged_kv
 
@@ -224,9 +225,11 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 #   to it), each source is live until the tables switch and free after; the two sets are
 #   disjoint, so one gather-then-scatter copy is safe. With poison on, the vacated sources
 #   are poisoned at once, so anything that kept an old physical id reads NaN.
-# - A reader that holds physical ids across steps (a PD transfer in flight) would break the
-#   second rule; SGLang forces lazy compaction and gates moves while a transfer may be in
-#   flight. This pool has no such reader yet, hence no gate.
+# - A reader that holds physical ids across steps (a PD transfer in flight: the decode side hands
+#   its pages' physical ids to the prefill side, which writes into them steps later) breaks the
+#   second rule. So PD runs this pool with lazy compaction and sets ``move_gate``, which refuses
+#   every move while any transfer may be in flight (SGLang #33362's disagg_move_gate); holes then
+#   simply wait for the next compaction.
 class UnifiedPool:
     """KV pages and Mamba state slots in one byte buffer; virtual ids above, physical ids below.
 
@@ -269,7 +272,10 @@ class UnifiedPool:
             self.buffer.zero_()
         self.pages = AddressTable(num_pages, "page")
         self.state_slots = AddressTable(num_state_slots, "state slot")
+        self.compaction = compaction
         self._eager = compaction == "eager"
+        #: when set and true, compaction moves nothing (a PD transfer may hold physical ids)
+        self.move_gate: Callable[[], bool] | None = None
         self._build_views(typed)
         self._on_issue_pages = keep_memory if NO_ZERO_ON_ISSUE in faults else self._zero_envelopes
         self._on_vacate_pages = self._poison_envelopes if poison else keep_memory
@@ -342,6 +348,8 @@ class UnifiedPool:
 
     def _compact(self, table: AddressTable, rows: torch.Tensor, on_vacate: Callable[[list[int]], None]) -> int:
         """Renumber ``table``, then copy byte rows source → destination (disjoint, so gather then scatter is exact)."""
+        if self.move_gate is not None and self.move_gate():
+            return 0
         src, dst = table.compact()
         if src:
             rows.index_copy_(0, self._index(dst), rows.index_select(0, self._index(src)))
@@ -406,6 +414,10 @@ class UnifiedPool:
         """Copy every Mamba layer's state from slot ``src`` to slot ``dst`` (copy-on-write of a snapshot)."""
         p_src, p_dst = self.to_physical_state([src, dst])
         self._slot_bytes[p_dst] = self._slot_bytes[p_src]
+
+    def transfer_geometry(self, regions: RegionTable) -> PoolGeometry:
+        """Every layer's view into the one buffer; a page's blocks coalesce into its envelope, which moves whole."""
+        return PoolGeometry.of(self._kv, self._states, regions, envelope=True)
 
     def check_integrity(self) -> None:
         """Raise PoolIntegrityError unless both address tables are consistent permutations on live ids."""

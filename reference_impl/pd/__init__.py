@@ -1,0 +1,8 @@
+"""PD disaggregation: a prefill engine and a decode engine, and the KV handoff between them.
+
+Bottom to top: ``transfer`` (the state machine and the messages), ``wire`` (which bytes of a
+request cross, in canonical order), ``staging`` (the decode side's ring on an even chunk grid),
+``decode`` (the decode server), ``prefill`` (the prefill engine and the KV sender), ``transport``
+(``inproc``), ``nixl/`` (the decode server in a child process, pages written over NIXL), and
+``disagg`` (the engine a cell runs: both sides stepped together).
+"""
