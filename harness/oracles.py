@@ -112,8 +112,20 @@ def tokens_oracle(views: Sequence[PassView]) -> Verdict:
     return verdict
 
 
+def _golden_token_logprob(out: RequestOutput, want: RequestOutput, step: int) -> float | None:
+    """The cell's logprob of the golden token at ``step``, read from its top-k; None when not among them."""
+    for token, logprob in zip(out.top_ids[step], out.top_logprobs[step]):
+        if token == want.tokens[step]:
+            return logprob
+    return None
+
+
 def logprobs_oracle(views: Sequence[PassView]) -> Verdict:
-    """Logprobs of the emitted tokens match golden within the dtype's tolerance, up to any divergence."""
+    """Logprobs of the golden tokens match golden within the dtype's tolerance, up to the first divergence.
+
+    At a divergence that is not a tie, the cell's logprob of the token golden chose (from its top-k)
+    is compared too: damage that flips the very first decoded token shows here, not only in ``tokens``.
+    """
     findings = []
     worst = 0.0
     for view in views:
@@ -124,13 +136,15 @@ def logprobs_oracle(views: Sequence[PassView]) -> Verdict:
             if want is None:
                 continue
             stop = _first_divergence(out.tokens, want.tokens)
-            n = min(len(out.logprobs), len(want.logprobs)) if stop is None else stop
-            for step in range(n):
-                delta = abs(out.logprobs[step] - want.logprobs[step])
+            steps = [(s, out.logprobs[s]) for s in range(min(len(out.logprobs), len(want.logprobs)) if stop is None else stop)]
+            if stop is not None and want.margins[stop] >= TIE_TOLERANCE[view.dtype]:
+                steps.append((stop, _golden_token_logprob(out, want, stop)))
+            for step, got in steps:
+                delta = float("inf") if got is None else abs(got - want.logprobs[step])
                 worst = max(worst, delta if delta == delta else float("inf"))
                 if not delta <= tol:
                     findings.append({"workload": view.workload, "pass": view.name, "request": out.rid, "step": step,
-                                     "expected": want.logprobs[step], "got": out.logprobs[step], "delta": delta, "tolerance": tol})
+                                     "expected": want.logprobs[step], "got": got, "delta": delta, "tolerance": tol})
                     break
     return _verdict("logprobs", findings, f"max |Δ logprob| {worst:.2e}",
                     lambda f: f"{len(f)} request(s) off by more than {f[0]['tolerance']}; first: {f[0]['request']} "

@@ -128,11 +128,79 @@ MAMBA_WHOLE_BLOCK_OFFLOAD = Fault(
     ),
 )
 
+PD = ("inproc", "nixl")
+
+PD_STAGING_GRID_SHIFT = Fault(
+    name="pd_staging_grid_shift",
+    incident="SGLang #30545: PD staging locates chunks by start_page // full_chunk_pages, assuming an even grid from page 0",
+    triggers={"pd": PD, "pd_staging": ("on",), "model": ("dense",), "cache": ("device", "host", "storage"),
+              "prefill_budget": (16, 32)},
+    oracle="logprobs",
+    doc=(
+        "The prefill side writes grid cell g of a transfer into staging slot base + g, while the decode side "
+        "reserved (and reads) slots from the cell of the first page it lacks: a decode-side prefix hit of a whole "
+        "chunk or more shifts every chunk by that many slots, and the decode side scatters stale staging bytes "
+        "into its pages. Needs staging, a decode-side hit (a dense model: a hybrid decode side keeps no Mamba "
+        "snapshots, so it never hits) and chunks no longer than the workloads' shared heads (prefill_budget ≤ 32)."
+    ),
+)
+
+PD_VIRTUAL_IDS_ON_WIRE = Fault(
+    name="pd_virtual_ids_on_wire",
+    incident="SGLang #33362: PD transfer addresses a unified pool's pages by virtual id",
+    triggers={"pd": PD, "pool": ("unified",)},
+    oracle="logprobs",
+    doc=(
+        "Neither handoff point translates: the prefill side reads its pages by virtual id when it sends a chunk, "
+        "the decode side hands out virtual ids when it pops its preallocated pages. A static pool's ids are "
+        "physical, so only the unified pool (where virtual v starts at physical size-1-v) moves the wrong bytes."
+    ),
+)
+
+PD_COMPACTION_IN_FLIGHT = Fault(
+    name="pd_compaction_in_flight",
+    incident="SGLang #33362: a unified pool compacts (moves pages) while a PD transfer into them is in flight",
+    triggers={"pd": PD, "pool": ("unified",), "page_size": (16,)},
+    oracle="logprobs",
+    doc=(
+        "No move gate: the decode side's lazy compaction moves pages whose physical ids the prefill side already "
+        "holds, and the chunks written after the move land in the vacated pages. The pd_churn workload makes the "
+        "decode side free enough pages, while a long transfer waits, for its next decode step to compact; at "
+        "page size 1 its short prompts stay cached and the frees never reach the lazy threshold."
+    ),
+)
+
+PD_MAMBA_STATE_EARLY = Fault(
+    name="pd_mamba_state_early",
+    incident="SGLang #33362 / PD life cycle: the Mamba state must travel with the last chunk",
+    triggers={"pd": PD, "model": ("hybrid",), "prefill_budget": (16, 32)},
+    oracle="logprobs",
+    doc=(
+        "The prefill side sends the request's Mamba state with its first chunk, when the state has seen only that "
+        "chunk's tokens; the decode side resumes from it. Needs a prompt that spans more than one chunk: every "
+        "workload prompt does at prefill_budget ≤ 32."
+    ),
+)
+
+PD_DRAFT_STATE_NOT_SENT = Fault(
+    name="pd_draft_state_not_sent",
+    incident="SGLang #30393 (PD form): the proposer's KV is left behind when a request moves to decode",
+    triggers={"pd": PD, "spec": ("draft", "mtp")},
+    oracle="accept_length",
+    doc=(
+        "The transfer carries the target's KV but not the draft's (the draft pool's pages for spec=draft, the MTP "
+        "tail layer for spec=mtp, cut off the end of a unified envelope): the decode side drafts from zeros, the "
+        "accept length collapses while every token stays the target's. Stateless proposers have nothing to leave."
+    ),
+)
+
 FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
         PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE, SLOT_STRIDE_INT32,
         DRAFT_STATE_NOT_CACHED, MTP_LAYER_INDEX_OOB, HICACHE_DRAFT_NOT_RESTORED, MAMBA_WHOLE_BLOCK_OFFLOAD,
+        PD_STAGING_GRID_SHIFT, PD_VIRTUAL_IDS_ON_WIRE, PD_COMPACTION_IN_FLIGHT, PD_MAMBA_STATE_EARLY,
+        PD_DRAFT_STATE_NOT_SENT,
     )
 }
 
