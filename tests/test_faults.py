@@ -69,6 +69,71 @@ cache = ["device", "host", "storage"]
 page_size = [16]
 """
 
+#: PD around the KV faults, on the cheapest workload with a decode-side hit (pair: one shared 16-token
+#: page, a whole chunk at prefill_budget 16) and prompts over one chunk (28 tokens, chunks of 16).
+PD_GRID_FAULTS = """
+[matrix]
+name = "pd_grid_faults"
+mode = "full"
+workloads = ["pair"]
+
+[factors]
+pd = ["inproc"]
+pd_staging = ["off", "on"]
+model = ["dense", "hybrid"]
+cache = ["off", "device"]
+prefill_budget = [16, 128]
+page_size = [16]
+"""
+
+#: both pools, with and without PD, both models and chunk sizes, staging or not.
+PD_POOL_FAULTS = """
+[matrix]
+name = "pd_pool_faults"
+mode = "full"
+workloads = ["pair"]
+
+[factors]
+pd = ["off", "inproc"]
+pd_staging = ["off", "on"]
+pool = ["static", "unified"]
+model = ["dense", "hybrid"]
+prefill_budget = [16, 128]
+cache = ["device"]
+page_size = [16]
+"""
+
+#: every proposer over both pools, on the workload whose requests decode enough to verify.
+PD_SPEC_FAULTS = """
+[matrix]
+name = "pd_spec_faults"
+mode = "full"
+workloads = ["system_prompt"]
+
+[factors]
+pd = ["inproc"]
+spec = ["none", "ngram", "draft", "mtp"]
+pool = ["static", "unified"]
+cache = ["device"]
+page_size = [16]
+prefill_budget = [32]
+"""
+
+#: the workload that frees decode pages under a transfer in flight, both pools and page sizes.
+PD_CHURN_FAULTS = """
+[matrix]
+name = "pd_churn_faults"
+mode = "full"
+workloads = ["pd_churn"]
+
+[factors]
+pd = ["inproc"]
+pool = ["static", "unified"]
+page_size = [1, 16]
+cache = ["device"]
+prefill_budget = [32]
+"""
+
 MATRIX_OF = {
     "priority_scheduler_drop": SCHEDULER_FAULTS,
     "unified_extend_virtual_loc": KERNEL_FAULTS,
@@ -78,6 +143,11 @@ MATRIX_OF = {
     "mtp_layer_index_oob": SPEC_FAULTS,
     "hicache_draft_not_restored": TIER_FAULTS,
     "mamba_whole_block_offload": TIER_FAULTS,
+    "pd_staging_grid_shift": PD_GRID_FAULTS,
+    "pd_virtual_ids_on_wire": PD_POOL_FAULTS,
+    "pd_mamba_state_early": PD_POOL_FAULTS,
+    "pd_compaction_in_flight": PD_CHURN_FAULTS,
+    "pd_draft_state_not_sent": PD_SPEC_FAULTS,
 }
 
 

@@ -111,18 +111,24 @@ class NixlTransport:
         """One WRITE of every block pair with a notification; then the child receives (or just drains) it."""
         tag = f"kv:{next(self._tags)};".encode()
         handle = None
-        if pairs:
-            local = self.agent.get_xfer_descs(descriptors(self.local, [s for s, _ in pairs]), "DRAM")
-            remote = self.agent.get_xfer_descs(descriptors(self.remote, [d for _, d in pairs]), "DRAM")
-            handle = self.agent.initialize_xfer("WRITE", local, remote, self.peer, tag)
-            if self.agent.transfer(handle) == "ERR":
-                raise TransportError(f"NIXL refused the write of {len(pairs)} blocks")
-        else:
-            self.agent.send_notif(self.peer, tag)
+        try:
+            if pairs:
+                local = self.agent.get_xfer_descs(descriptors(self.local, [s for s, _ in pairs]), "DRAM")
+                remote = self.agent.get_xfer_descs(descriptors(self.remote, [d for _, d in pairs]), "DRAM")
+                handle = self.agent.initialize_xfer("WRITE", local, remote, self.peer, tag)
+                if self.agent.transfer(handle) == "ERR":
+                    raise TransportError(f"NIXL refused the write of {len(pairs)} blocks")
+            else:
+                self.agent.send_notif(self.peer, tag)
+        except TransportError:
+            raise
+        except Exception as exc:  # the bindings' own errors (remote disconnected, ...): the link is gone
+            raise TransportError(f"NIXL write failed ({type(exc).__name__}: {exc}); decode process exit code "
+                                 f"{self._exitcode()}") from exc
         try:
             self.call("receive", header, tag, xfer=handle)
         finally:
-            if handle is not None:
+            if handle is not None and self.process is not None and self.process.is_alive():
                 self.agent.release_xfer_handle(handle)
 
     # -- the pipe --------------------------------------------------------------------------
@@ -157,7 +163,10 @@ class NixlTransport:
         return answer
 
     def _xfer_done(self, xfer: object) -> bool:
-        state = self.agent.check_xfer_state(xfer)
+        try:
+            state = self.agent.check_xfer_state(xfer)
+        except Exception as exc:  # the bindings' own errors: the link is gone
+            raise TransportError(f"a NIXL write failed ({type(exc).__name__}: {exc})") from exc
         if state == "ERR":
             raise TransportError("a NIXL write failed")
         return state == "DONE"
