@@ -8,10 +8,15 @@ PYTEST_WORKERS ?= auto
 
 .PHONY: matrix test bench gpu-wheels clean
 
-$(STAMP): pyproject.toml
+# NIXL (pd = nixl) goes in without its dependencies: its plain requirement pulls a CUDA torch and
+# seventeen CUDA wheels; UCX ships inside nixl-cu12, which also runs on CPU memory.
+NIXL := nixl==1.5.1 nixl-cu12==1.5.1
+
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet --no-deps $(NIXL)
 	touch $(STAMP)
 
 matrix: $(STAMP)

@@ -41,7 +41,8 @@ def register(agent: object, addresses: list[tuple[int, int]]) -> None:
 
 def descriptors(bases: list[int], blocks: list[tuple[int, int, int]]) -> np.ndarray:
     """Nx3 (address, bytes, device 0) descriptors of (region, offset, bytes) blocks."""
-    out = np.zeros((len(blocks), 3), dtype=np.uint64)
-    for i, (region, offset, length) in enumerate(blocks):
-        out[i] = (bases[region] + offset, length, 0)
+    table = np.asarray(blocks, dtype=np.uint64).reshape(-1, 3)
+    out = np.zeros_like(table)
+    out[:, 0] = np.asarray(bases, dtype=np.uint64)[table[:, 0]] + table[:, 1]
+    out[:, 1] = table[:, 2]
     return out

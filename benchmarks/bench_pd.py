@@ -1,0 +1,92 @@
+"""PD transfer bandwidth on CPU: the same pages moved in-process and over NIXL, next to one memcpy.
+
+For each layout (a static pool page by page, the same pool cut into head slices for two decode
+shards, a unified pool's whole envelopes) the KV of every page of a 4,096-page pool goes from the
+prefill side's pool into the decode side's through ``transport.write``, exactly as a chunk would,
+and a plain ``torch`` copy of the same number of bytes in one piece sets the ceiling. Best and
+median of REPEATS, one run, GiB/s; the ratio is to the memcpy.
+"""
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fixtures.workloads import load_workload  # noqa: E402
+from harness.engine_setup import build_engine_config  # noqa: E402
+from harness.runner import configure_torch  # noqa: E402
+from reference_impl.pd.disagg import DisaggEngine  # noqa: E402
+from reference_impl.pd.transport import InprocTransport  # noqa: E402
+from reference_impl.pd.wire import page_kv_blocks, pair_blocks  # noqa: E402
+
+PAGES = 4096
+REPEATS = 5
+LAYOUTS = {
+    "static, page blocks": {"pool": "static"},
+    "static, head slices (decode_tp 2)": {"pool": "static", "decode_tp": 2},
+    "unified, envelopes": {"pool": "unified"},
+}
+
+
+def engine(transport: type, levels: dict[str, object]) -> DisaggEngine:
+    config = build_engine_config({"page_size": 16, **levels}, load_workload("pair"), frozenset())
+    return DisaggEngine(replace(config, pd=transport, num_pages=PAGES))
+
+
+def all_pages(pd: DisaggEngine) -> list:
+    """Block pairs of every page, prefill page p into decode page p (both pools fresh: physical ids match)."""
+    sender, decode = pd.sender.layout, pd.decode.layout
+    return [pair for page in range(PAGES) for shard in range(decode.shards)
+            for pair in pair_blocks(page_kv_blocks(sender, page, shard), page_kv_blocks(decode, page, shard), "bench")]
+
+
+def timed(fn: object) -> list[float]:
+    out = []
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def gib_s(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 2**30
+
+
+def main() -> None:
+    configure_torch()
+    transports = {"inproc": InprocTransport}
+    if importlib.util.find_spec("nixl") is not None:
+        from reference_impl.pd.nixl.conn import NixlTransport
+
+        transports["nixl"] = NixlTransport
+    else:
+        print("nixl is not installed: its rows are missing (pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1)")
+    print(f"{'layout':36s} {'transport':9s} {'blocks':>7s} {'MiB':>6s} {'best GiB/s':>10s} {'median':>7s} {'vs memcpy':>9s}")
+    for layout, levels in LAYOUTS.items():
+        for name, transport in transports.items():
+            pd = engine(transport, levels)
+            try:
+                pairs = all_pages(pd)
+                nbytes = sum(src[2] for src, _ in pairs)
+                seconds = timed(lambda: pd.transport.write(pairs, None))
+            finally:
+                pd.close()
+            src, dst = torch.empty(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+            copy = min(timed(lambda: dst.copy_(src)))
+            best, median = min(seconds), statistics.median(seconds)
+            print(f"{layout:36s} {name:9s} {len(pairs):7d} {nbytes / 2**20:6.1f} {gib_s(nbytes, best):10.2f} "
+                  f"{gib_s(nbytes, median):7.2f} {copy / best:9.3f}", flush=True)
+    print(f"memcpy ceiling: one torch copy of the same bytes, best of {REPEATS}; 'vs memcpy' = its time / the transport's")
+
+
+if __name__ == "__main__":
+    main()
