@@ -87,7 +87,9 @@ class NixlTransport:
         tag = f"{os.getpid()}-{next(_names)}"
         name, peer = f"prefill-{tag}", f"decode-{tag}"
         self.agent = make_agent(name)
-        ctx = multiprocessing.get_context("spawn")
+        ctx = multiprocessing.get_context("forkserver")
+        # children fork from a server that imported torch and the decode server once: ~0.3 s, not ~2 s
+        ctx.set_forkserver_preload(["reference_impl.pd.nixl.worker"])
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=serve, args=(child, config, peer, name), daemon=True)
         self.process.start()
