@@ -2,7 +2,8 @@
 
 For each layout (a static pool page by page, the same pool cut into head slices for two decode
 shards, a unified pool's whole envelopes) the KV of every page of a 4,096-page pool goes from the
-prefill side's pool into the decode side's through ``transport.write``, exactly as a chunk would,
+prefill side's pool into the decode side's through ``transport.write``, cut into blocks exactly as
+a chunk is (pages in a scattered order, as a busy pool hands them out),
 and a plain ``torch`` copy of the same number of bytes in one piece sets the ceiling. Best and
 median of REPEATS, one run, GiB/s; the ratio is to the memcpy.
 """
@@ -25,7 +26,6 @@ from harness.engine_setup import build_engine_config  # noqa: E402
 from harness.runner import configure_torch  # noqa: E402
 from reference_impl.pd.disagg import DisaggEngine  # noqa: E402
 from reference_impl.pd.transport import InprocTransport  # noqa: E402
-from reference_impl.pd.wire import page_kv_blocks, pair_blocks  # noqa: E402
 
 PAGES = 4096
 REPEATS = 5
@@ -42,10 +42,9 @@ def engine(transport: type, levels: dict[str, object]) -> DisaggEngine:
 
 
 def all_pages(pd: DisaggEngine) -> list:
-    """Block pairs of every page, prefill page p into decode page p (both pools fresh: physical ids match)."""
-    sender, decode = pd.sender.layout, pd.decode.layout
-    return [pair for page in range(PAGES) for shard in range(decode.shards)
-            for pair in pair_blocks(page_kv_blocks(sender, page, shard), page_kv_blocks(decode, page, shard), "bench")]
+    """Block pairs of every page, in the scattered order a busy pool hands pages out (seeded permutations)."""
+    src, dst = (torch.randperm(PAGES, generator=torch.Generator().manual_seed(seed)).tolist() for seed in (1, 2))
+    return pd.sender.page_pairs(src, dst)
 
 
 def timed(fn: object) -> list[float]:

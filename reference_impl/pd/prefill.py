@@ -22,6 +22,7 @@ from reference_impl.pd.transfer import ChunkHeader, Transfer, TransferFailed, Tr
 from reference_impl.pd.wire import (
     WireLayout,
     aux_width,
+    coalesce_pairs,
     encode_aux,
     kv_parts,
     page_kv_blocks,
@@ -116,14 +117,23 @@ class KVSender:
         t.next_page = end_page
 
     def _direct(self, t: Transfer, first: int, own: list[int]) -> list[Pair]:
-        """Every KV block of the pages, straight into the decode side's pages, shard by shard."""
-        with_draft = PD_DRAFT_STATE_NOT_SENT not in self.faults
-        boot, pairs = t.bootstrap, []
-        for i, src in enumerate(own):
-            dst = boot.dst_pages[first + i - boot.decode_prefix_pages]
-            for shard in range(self.decode.shards):
-                pairs += pair_blocks(page_kv_blocks(self.layout, src, shard, with_draft),
-                                     page_kv_blocks(self.decode, dst, shard, with_draft), f"page {first + i}")
+        """Every KV block of the pages, straight into the decode side's pages."""
+        boot = t.bootstrap
+        start = first - boot.decode_prefix_pages
+        return self.page_pairs(own, list(boot.dst_pages[start : start + len(own)]),
+                               with_draft=PD_DRAFT_STATE_NOT_SENT not in self.faults)
+
+    def page_pairs(self, src_pages: list[int], dst_pages: list[int], with_draft: bool = True) -> list[Pair]:
+        """Block pairs moving physical ``src_pages`` into the decode side's physical ``dst_pages``, shard by
+        shard; within a shard, blocks that continue each other on both sides merge (never across shards,
+        which on a real decode side are different ranks)."""
+        pairs: list[Pair] = []
+        for shard in range(self.decode.shards):
+            pairs += coalesce_pairs([
+                pair for src, dst in zip(src_pages, dst_pages)
+                for pair in pair_blocks(page_kv_blocks(self.layout, src, shard, with_draft),
+                                        page_kv_blocks(self.decode, dst, shard, with_draft), f"page {src}")
+            ])
         return pairs
 
     def _staged(self, t: Transfer, cell: int, first: int, own: list[int]) -> list[Pair]:

@@ -97,6 +97,20 @@ def pair_blocks(src: Sequence[Block], dst: Sequence[Block], what: str) -> list[t
     return list(zip(src, dst))
 
 
+def coalesce_pairs(pairs: Sequence[tuple[Block, Block]]) -> list[tuple[Block, Block]]:
+    """Merge pairs whose source and destination both continue the previous pair's (the copies are disjoint,
+    so their order is free): consecutive pages of a static pool then move as one block per layer."""
+    merged: list[tuple[Block, Block]] = []
+    for src, dst in sorted(pairs):
+        if merged:
+            (r0, s0, n0), (q0, d0, _) = merged[-1]
+            if src[0] == r0 and dst[0] == q0 and src[1] == s0 + n0 and dst[1] == d0 + n0:
+                merged[-1] = ((r0, s0, n0 + src[2]), (q0, d0, n0 + src[2]))
+                continue
+        merged.append((src, dst))
+    return merged
+
+
 #: fixed fields of a metadata record before top-k ids, top-k logprobs and the draft hidden
 AUX_FIELDS = ("token", "logprob", "margin", "cached", "cached_device", "cached_host", "cached_storage")
 
