@@ -1,0 +1,98 @@
+"""``harness locate``: run the few extra cells that settle which combination makes a run's cells fail.
+
+For a failing cell whose failure more than one candidate combination could explain
+(``reports.locate``), change one factor at a time (to its golden level where it has one,
+else to the first other level the constraints allow) and run that cell: a factor whose
+change makes the failure go away is part of the cause. That is at most one extra cell per
+factor of the failing cell (k cells for k factors, exact for a deterministic fault); the
+extra rows join the run's rows and the analysis is repeated, so every candidate that an
+extra passing cell contains drops out.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from harness.matrix import Cell, MatrixSpec
+from reports.locate import FailureClass, analyze
+
+#: failing cells probed per failure class at most (each costs up to k extra cells).
+MAX_PROBED = 3
+_ABSENT = object()
+
+
+@dataclass(slots=True)
+class LocateResult:
+    """The analysis after the extra cells, and those cells' rows (each with ``probe``: of, changed)."""
+
+    classes: list[FailureClass]
+    probes: list[dict]
+
+
+def cell_of(spec: MatrixSpec, row: Mapping) -> Cell:
+    """A row's cell, with the matrix's factor order."""
+    return Cell(tuple((factor, row["factors"][factor]) for factor, _ in spec.factors))
+
+
+def one_factor_changes(spec: MatrixSpec, cell: Cell) -> Iterator[tuple[str, Cell]]:
+    """For each factor with other levels: ``cell`` with that factor changed (golden level first), if allowed."""
+    for i, (factor, levels) in enumerate(spec.factors):
+        current = cell.factors[i][1]
+        golden = spec.golden.get(factor, _ABSENT)
+        order = [golden] if golden in levels and golden != current else []
+        order += [level for level in levels if level != current and level not in order]
+        for level in order:
+            changed = Cell((*cell.factors[:i], (factor, level), *cell.factors[i + 1:]))
+            if spec.allows(changed.as_dict()):
+                yield factor, changed
+                break
+
+
+def _unsettled(cls: FailureClass) -> list[str]:
+    """Failing cells that some candidate (not pinned) combination covers, in row order."""
+    pinned = {cell for f in cls.findings if f.pinned for cell in f.cells}
+    unsettled = {cell for f in cls.findings if not f.pinned for cell in f.cells} - pinned
+    return [cell for cell in cls.failing if cell in unsettled]
+
+
+def locate(spec: MatrixSpec, rows: Sequence[dict], run_one: Callable[[Cell], dict], probes: Sequence[dict] = (),
+           max_probed: int = MAX_PROBED) -> LocateResult:
+    """Probe up to ``max_probed`` unsettled failing cells per failure class; ``run_one`` runs a cell to a row."""
+    probes = list(probes)
+    known = {r["cell_id"]: r for r in [*rows, *probes]}
+    for name in [c.name for c in analyze(rows)]:
+        probed: set[str] = set()
+        while len(probed) < max_probed:
+            current = next(c for c in analyze([*rows, *probes]) if c.name == name)
+            todo = [cell for cell in _unsettled(current) if cell not in probed]
+            if not todo:
+                break
+            probed.add(todo[0])
+            for factor, changed in one_factor_changes(spec, cell_of(spec, known[todo[0]])):
+                if changed.cell_id not in known:
+                    row = {**run_one(changed), "probe": {"of": todo[0], "changed": factor}}
+                    probes.append(row)
+                    known[row["cell_id"]] = row
+    extra = {r["cell_id"] for r in rows}
+    return LocateResult(analyze([*rows, *(p for p in probes if p["cell_id"] not in extra)]), probes)
+
+
+def located_text(result: LocateResult, ran: Sequence[dict]) -> str:
+    """What ``harness locate`` prints: each failure class with its combination(s), then the extra cells run."""
+    lines = []
+    for cls in result.classes:
+        state = "pinned down" if cls.pinned else "not pinned down"
+        lines.append(f"{cls.name}: {len(cls.failing)} failing cell(s), {state}")
+        for finding in cls.findings[:5]:
+            kind = "located" if finding.pinned else "candidate"
+            lines.append(f"  {kind}: {finding.combination.text()} ({len(finding.cells)} cell(s), e.g. {finding.representative})")
+        if len(cls.findings) > 5:
+            lines.append(f"  … {len(cls.findings) - 5} more candidate(s)")
+        for cell in cls.unexplained:
+            lines.append(f"  unexplained by up to 3 levels: {cell}")
+    lines.append(f"extra cells run: {len(ran)}")
+    for row in ran:
+        failing = [n for n, v in row["oracles"].items() if v["verdict"] == "fail"]
+        lines.append(f"  {row['cell_id']} ({row['probe']['changed']} changed, from {row['probe']['of']}): "
+                     f"{row['status']}{' (' + ', '.join(failing) + ')' if failing else ''}")
+    return "\n".join(lines)
