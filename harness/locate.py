@@ -49,10 +49,9 @@ def one_factor_changes(spec: MatrixSpec, cell: Cell) -> Iterator[tuple[str, Cell
 
 
 def _unsettled(cls: FailureClass) -> list[str]:
-    """Failing cells that some candidate (not pinned) combination covers, in row order."""
+    """Failing cells that no pinned combination explains yet, in row order (unexplained ones included)."""
     pinned = {cell for f in cls.findings if f.pinned for cell in f.cells}
-    unsettled = {cell for f in cls.findings if not f.pinned for cell in f.cells} - pinned
-    return [cell for cell in cls.failing if cell in unsettled]
+    return [cell for cell in cls.failing if cell not in pinned]
 
 
 def locate(spec: MatrixSpec, rows: Sequence[dict], run_one: Callable[[Cell], dict], probes: Sequence[dict] = (),
@@ -60,21 +59,20 @@ def locate(spec: MatrixSpec, rows: Sequence[dict], run_one: Callable[[Cell], dic
     """Probe up to ``max_probed`` unsettled failing cells per failure class; ``run_one`` runs a cell to a row."""
     probes = list(probes)
     known = {r["cell_id"]: r for r in [*rows, *probes]}
-    for name in [c.name for c in analyze(rows)]:
-        probed: set[str] = set()
-        while len(probed) < max_probed:
-            current = next(c for c in analyze([*rows, *probes]) if c.name == name)
+    probed = {p["probe"]["of"] for p in probes}
+    for name in [c.name for c in analyze(rows, probes)]:
+        for _ in range(max_probed):
+            current = next(c for c in analyze(rows, probes) if c.name == name)
             todo = [cell for cell in _unsettled(current) if cell not in probed]
             if not todo:
                 break
             probed.add(todo[0])
             for factor, changed in one_factor_changes(spec, cell_of(spec, known[todo[0]])):
-                if changed.cell_id not in known:
-                    row = {**run_one(changed), "probe": {"of": todo[0], "changed": factor}}
-                    probes.append(row)
-                    known[row["cell_id"]] = row
-    extra = {r["cell_id"] for r in rows}
-    return LocateResult(analyze([*rows, *(p for p in probes if p["cell_id"] not in extra)]), probes)
+                reused = changed.cell_id in known
+                row = known[changed.cell_id] if reused else run_one(changed)
+                known[changed.cell_id] = row
+                probes.append({**row, "probe": {"of": todo[0], "changed": factor, "reused": reused}})
+    return LocateResult(analyze(rows, probes), probes)
 
 
 def located_text(result: LocateResult, ran: Sequence[dict]) -> str:
@@ -90,9 +88,11 @@ def located_text(result: LocateResult, ran: Sequence[dict]) -> str:
             lines.append(f"  … {len(cls.findings) - 5} more candidate(s)")
         for cell in cls.unexplained:
             lines.append(f"  unexplained by up to 3 levels: {cell}")
-    lines.append(f"extra cells run: {len(ran)}")
+    reused = [row for row in ran if row["probe"].get("reused")]
+    lines.append(f"extra cells run: {len(ran) - len(reused)} (and {len(reused)} cell(s) of the run reused as probes)")
     for row in ran:
         failing = [n for n, v in row["oracles"].items() if v["verdict"] == "fail"]
-        lines.append(f"  {row['cell_id']} ({row['probe']['changed']} changed, from {row['probe']['of']}): "
+        lines.append(f"  {row['cell_id']} ({row['probe']['changed']} changed, from {row['probe']['of']}"
+                     f"{', reused' if row['probe'].get('reused') else ''}): "
                      f"{row['status']}{' (' + ', '.join(failing) + ')' if failing else ''}")
     return "\n".join(lines)

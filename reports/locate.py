@@ -47,6 +47,7 @@ class Finding:
     combination: Combination
     cells: list[str]
     pinned: bool
+    how: str = "run"  # "run": the run's own cells pin it; "extra cells": harness locate's cells did
 
     @property
     def representative(self) -> str:
@@ -76,19 +77,29 @@ def error_type(row: Mapping[str, object]) -> str:
     return head.rsplit(".", 1)[-1] or "unknown"
 
 
+def outcome(row: Mapping, name: str) -> bool | None:
+    """Whether ``row`` fails failure class ``name`` (True), passes it (False), or says nothing about it (None).
+
+    An oracle's verdict counts only on a cell that ran to the end; an error type fails on its
+    own errors and passes on every cell that ran to the end.
+    """
+    completed = row["status"] in ("pass", "fail")
+    if name.startswith("error: "):
+        return True if row["status"] == "error" and error_type(row) == name[len("error: "):] else (False if completed else None)
+    if not completed:
+        return None
+    return row["oracles"].get(name, {}).get("verdict") == "fail"
+
+
 def class_masks(rows: Sequence[Mapping]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Failure class → (failing, passing) masks over ``rows``; only classes with at least one failure."""
-    status = np.array([r["status"] for r in rows], dtype=object)
-    completed = (status == "pass") | (status == "fail")
+    names = [n for n in dict.fromkeys(n for r in rows for n, v in r["oracles"].items() if v.get("verdict") == "fail")]
+    names += [f"error: {kind}" for kind in sorted({error_type(r) for r in rows if r["status"] == "error"})]
     classes = {}
-    for name in dict.fromkeys(n for r in rows for n in r["oracles"]):
-        failing = np.array([r["oracles"].get(name, {}).get("verdict") == "fail" for r in rows], dtype=bool)
-        if failing.any():
-            classes[name] = (failing & completed, completed & ~failing)
-    for kind in sorted({error_type(r) for r in rows if r["status"] == "error"}):
-        failing = np.array([r["status"] == "error" and error_type(r) == kind for r in rows], dtype=bool)
-        classes[f"error: {kind}"] = (failing, completed)
-    return classes
+    for name in names:
+        outcomes = [outcome(r, name) for r in rows]
+        classes[name] = (np.array([o is True for o in outcomes]), np.array([o is False for o in outcomes]))
+    return {name: masks for name, masks in classes.items() if masks[0].any()}
 
 
 class _Levels:
@@ -108,6 +119,15 @@ class _Levels:
 
     def combination(self, pairs: Sequence[tuple[int, int]]) -> Combination:
         return Combination(tuple((self.factors[f], (self.values[f][lv],)) for f, lv in sorted(pairs)))
+
+    def ordered(self, finding: Finding) -> Finding:
+        """``finding`` with each factor's admitted levels in the order the rows first show them."""
+        levels = tuple((f, tuple(sorted(ls, key=self._position(f)))) for f, ls in finding.combination.levels)
+        return Finding(Combination(levels), finding.cells, finding.pinned, finding.how)
+
+    def _position(self, factor: str):
+        keys = self.keys[self.factors.index(factor)] if factor in self.factors else []
+        return lambda level: keys.index(json.dumps(level)) if json.dumps(level) in keys else len(keys)
 
     def has(self, pairs: Sequence[tuple[int, int]]) -> np.ndarray:
         mask = np.ones(len(self.matrix), dtype=bool)
@@ -145,7 +165,7 @@ def _merge(findings: list[Finding]) -> list[Finding]:
         merged = False
         for a, b in itertools.combinations(findings, 2):
             la, lb = a.combination.levels, b.combination.levels
-            if not (a.pinned and b.pinned) or [f for f, _ in la] != [f for f, _ in lb]:
+            if not (a.pinned and b.pinned) or a.how != b.how or [f for f, _ in la] != [f for f, _ in lb]:
                 continue
             differ = [i for i, ((_, x), (_, y)) in enumerate(zip(la, lb)) if x != y]
             if len(differ) == 1:
@@ -153,28 +173,69 @@ def _merge(findings: list[Finding]) -> list[Finding]:
                 union = tuple(dict.fromkeys(la[i][1] + lb[i][1]))
                 levels = la[:i] + ((la[i][0], union),) + la[i + 1:]
                 findings = [f for f in findings if f is not a and f is not b]
-                findings.append(Finding(Combination(levels), list(dict.fromkeys(a.cells + b.cells)), True))
+                findings.append(Finding(Combination(levels), list(dict.fromkeys(a.cells + b.cells)), True, a.how))
                 merged = True
                 break
     return findings
 
 
-def analyze(rows: Sequence[Mapping], max_size: int = MAX_SIZE) -> list[FailureClass]:
-    """Every failure class of ``rows`` with its ranked findings, most failing cells first."""
+def induced(row: Mapping, probes: Sequence[Mapping], name: str, factors: Sequence[str]) -> Combination | None:
+    """The levels of ``row`` whose one-factor change (a probe of it) made failure ``name`` go away, or None."""
+    cause = {p["probe"]["changed"] for p in probes if outcome(p, name) is False}
+    if not cause:
+        return None
+    return Combination(tuple((f, (row["factors"][f],)) for f in factors if f in cause))
+
+
+def _settle(cls: FailureClass, located: list[Combination], rows: Mapping[str, Mapping]) -> FailureClass:
+    """Put the combinations extra cells located first; keep free findings only for the cells they leave."""
+    located = [c for c in dict.fromkeys(located)
+               if not any(c.matches(r["factors"]) and outcome(r, cls.name) is False for r in rows.values())]
+    if not located:
+        return cls
+    done = [Finding(c, [cell for cell in cls.failing if c.matches(rows[cell]["factors"])], True, "extra cells")
+            for c in located]
+    covered = {cell for f in done for cell in f.cells}
+    rest = [Finding(f.combination, [c for c in f.cells if c not in covered], f.pinned, f.how) for f in cls.findings]
+    findings = sorted(_merge(done), key=_rank) + [f for f in rest if f.cells]
+    return FailureClass(cls.name, cls.failing, cls.passing, findings, [c for c in cls.unexplained if c not in covered])
+
+
+def analyze(rows: Sequence[Mapping], probes: Sequence[Mapping] = (), max_size: int = MAX_SIZE) -> list[FailureClass]:
+    """Every failure class of ``rows`` (and of ``harness locate``'s extra cells) with its ranked findings."""
+    ids = {r["cell_id"] for r in rows}
+    rows = [*rows, *(p for p in probes if p["cell_id"] not in ids)]
     if not rows:
         return []
     levels = _Levels(rows)
-    ids = [r["cell_id"] for r in rows]
+    by_id = {r["cell_id"]: r for r in rows}
+    probes_of: dict[str, list[Mapping]] = {}
+    for probe in probes:
+        probes_of.setdefault(probe.get("probe", {}).get("of"), []).append(probe)
     classes = []
     for name, (failing, passing) in class_masks(rows).items():
-        candidates = _candidates(levels, failing, passing, max_size)
-        covers = [levels.has(sorted(c)) & failing for c in candidates]
-        count = np.sum(covers, axis=0) if covers else np.zeros(len(rows), dtype=int)
-        findings = [Finding(levels.combination(sorted(c)), [ids[i] for i in np.flatnonzero(cover)],
-                            bool((count[cover] == 1).all()))
-                    for c, cover in zip(candidates, covers)]
-        findings = sorted(_merge(findings), key=lambda f: (not f.pinned, -len(f.cells), len(f.combination.levels),
-                                                           f.combination.text()))
-        classes.append(FailureClass(name, [ids[i] for i in np.flatnonzero(failing)], int(passing.sum()), findings,
-                                    [ids[i] for i in np.flatnonzero(failing & (count == 0))]))
+        cls = _free(levels, rows, name, failing, passing, max_size)
+        located = [induced(by_id[cell], probes_of[cell], name, levels.factors) for cell in cls.failing if cell in probes_of]
+        cls = _settle(cls, [c for c in located if c is not None], by_id)
+        cls.findings = [levels.ordered(f) for f in cls.findings]
+        classes.append(cls)
     return sorted(classes, key=lambda c: (-len(c.failing), c.name))
+
+
+def _free(levels: _Levels, rows: Sequence[Mapping], name: str, failing: np.ndarray, passing: np.ndarray,
+          max_size: int) -> FailureClass:
+    """The free step: minimal candidates from the cells alone, ranked (pinned, more cells, fewer levels first)."""
+    ids = [r["cell_id"] for r in rows]
+    candidates = _candidates(levels, failing, passing, max_size)
+    covers = [levels.has(sorted(c)) & failing for c in candidates]
+    count = np.sum(covers, axis=0) if covers else np.zeros(len(rows), dtype=int)
+    findings = [Finding(levels.combination(sorted(c)), [ids[i] for i in np.flatnonzero(cover)],
+                        bool((count[cover] == 1).all()))
+                for c, cover in zip(candidates, covers)]
+    findings = sorted(_merge(findings), key=_rank)
+    return FailureClass(name, [ids[i] for i in np.flatnonzero(failing)], int(passing.sum()), findings,
+                        [ids[i] for i in np.flatnonzero(failing & (count == 0))])
+
+
+def _rank(finding: Finding) -> tuple:
+    return (not finding.pinned, -len(finding.cells), len(finding.combination.levels), finding.combination.text())
