@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+from importlib import metadata
 import platform
 import shlex
 import socket
@@ -69,16 +70,15 @@ def device_name(device: str) -> str:
 
 
 def versions() -> dict[str, str]:
-    """Python, torch and triton versions (triton ``absent`` where it is not installed)."""
-    import torch
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "absent"
-    return {"python": platform.python_version(), "torch": torch.__version__, "triton": triton_version}
+    """Python, torch and triton versions, from package metadata: importing triton here would fix its
+    interpreter mode before ``reference_impl`` decides it (TRITON_INTERPRET is read at import)."""
+    found = {"python": platform.python_version()}
+    for package in ("torch", "triton"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "absent"
+    return found
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
