@@ -56,23 +56,27 @@ def _unsettled(cls: FailureClass) -> list[str]:
 
 def locate(spec: MatrixSpec, rows: Sequence[dict], run_one: Callable[[Cell], dict], probes: Sequence[dict] = (),
            max_probed: int = MAX_PROBED) -> LocateResult:
-    """Probe up to ``max_probed`` unsettled failing cells per failure class; ``run_one`` runs a cell to a row."""
+    """Probe up to ``max_probed`` unsettled failing cells per failure class; ``run_one`` runs a cell to a row.
+
+    Classes that only the extra cells show (a NaN that stops tokens from diverging, say) are settled too.
+    """
     probes = list(probes)
     known = {r["cell_id"]: r for r in [*rows, *probes]}
     probed = {p["probe"]["of"] for p in probes}
-    for name in [c.name for c in analyze(rows, probes)]:
-        for _ in range(max_probed):
-            current = next(c for c in analyze(rows, probes) if c.name == name)
-            todo = [cell for cell in _unsettled(current) if cell not in probed]
-            if not todo:
-                break
-            probed.add(todo[0])
-            for factor, changed in one_factor_changes(spec, cell_of(spec, known[todo[0]])):
-                reused = changed.cell_id in known
-                row = known[changed.cell_id] if reused else run_one(changed)
-                known[changed.cell_id] = row
-                probes.append({**row, "probe": {"of": todo[0], "changed": factor, "reused": reused}})
-    return LocateResult(analyze(rows, probes), probes)
+    attempts: dict[str, int] = {}
+    while True:
+        todo = next(((cls.name, cell) for cls in analyze(rows, probes) if attempts.get(cls.name, 0) < max_probed
+                     for cell in _unsettled(cls) if cell not in probed), None)
+        if todo is None:
+            return LocateResult(analyze(rows, probes), probes)
+        name, cell_id = todo
+        attempts[name] = attempts.get(name, 0) + 1
+        probed.add(cell_id)
+        for factor, changed in one_factor_changes(spec, cell_of(spec, known[cell_id])):
+            reused = changed.cell_id in known
+            row = known[changed.cell_id] if reused else run_one(changed)
+            known[changed.cell_id] = row
+            probes.append({**row, "probe": {"of": cell_id, "changed": factor, "reused": reused}})
 
 
 def located_text(result: LocateResult, ran: Sequence[dict]) -> str:

@@ -16,13 +16,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 class RunProgress:
     """Context manager: ``cell()`` when a cell starts, ``step()`` at each workload pass, ``advance()`` when it ends."""
 
-    def __init__(self, planned: int, enabled: bool | None = None) -> None:
+    def __init__(self, planned: int, enabled: bool | None = None, console: Console | None = None) -> None:
         self.enabled = sys.stdout.isatty() if enabled is None else enabled
         self._cell = ""
         self._progress = Progress(
             TextColumn("cells"), MofNCompleteColumn(), BarColumn(bar_width=20), TimeElapsedColumn(),
             TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}"),
-            console=Console(file=sys.stdout), disable=not self.enabled, transient=True,
+            console=console or Console(file=sys.stdout), disable=not self.enabled, transient=True,
         )
         self._task = self._progress.add_task("", total=planned)
 

@@ -26,6 +26,8 @@ _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("reports", "templates"),
     autoescape=True,  # every template, whatever its name: each value from a results file is data, never markup
     keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
     undefined=jinja2.StrictUndefined,
 )
 

@@ -56,17 +56,23 @@ def _header_of(row: Mapping, runs: Mapping[str, Mapping]) -> Mapping:
         "matrix": row.get("matrix"), "faults": row.get("faults", []), "device": row.get("device", "cpu")}
 
 
-def cell_evidence(row: Mapping, header: Mapping, anchor: str) -> dict:
+def row_ids(cell_ids: Sequence[str]) -> dict[str, str]:
+    """The table row of each cell: ``r`` and its position (short: the table is most of a 5,000-cell page)."""
+    return {cell_id: f"r{i}" for i, cell_id in enumerate(cell_ids)}
+
+
+def cell_evidence(row: Mapping, header: Mapping, anchor: str, row_id: str) -> dict:
     """One failing cell: its anchor, reproduce command, each failing oracle's evidence view, the raw JSON."""
     return {
-        "row": row, "anchor": anchor, "reproduce": reproduce_command(header, row["cell_id"]),
+        "row": row, "anchor": anchor, "row_id": row_id, "reproduce": reproduce_command(header, row["cell_id"]),
         "oracles": [{"name": n, "message": row["oracles"][n].get("message", ""),
                      "view": evidence.views(n, row["oracles"][n].get("detail", []))} for n in failing_oracles(row)],
         "raw": dumps(row, indent=1),
     }
 
 
-def groups(rows: Sequence[Mapping], runs: Mapping[str, Mapping], ids: Mapping[str, str]) -> list[dict]:
+def groups(rows: Sequence[Mapping], runs: Mapping[str, Mapping], ids: Mapping[str, str],
+           table: Mapping[str, str]) -> list[dict]:
     """Failing cells grouped by signature, largest group first; the first cell of each shows the full evidence."""
     by_sig: dict[tuple, list[Mapping]] = {}
     for row in rows:
@@ -77,9 +83,9 @@ def groups(rows: Sequence[Mapping], runs: Mapping[str, Mapping], ids: Mapping[st
         first = members[0]
         out.append({
             "status": sig[0], "oracles": [n for n, _ in sig[1]], "error": sig[2], "size": len(members),
-            "representative": cell_evidence(first, _header_of(first, runs), ids[first["cell_id"]]),
-            "members": [{"row": m, "anchor": ids[m["cell_id"]], "reproduce": reproduce_command(_header_of(m, runs), m["cell_id"]),
-                         "raw": dumps(m, indent=1)} for m in members[1:]],
+            "representative": cell_evidence(first, _header_of(first, runs), ids[first["cell_id"]], table[first["cell_id"]]),
+            "members": [{"row": m, "anchor": ids[m["cell_id"]], "reproduce": reproduce_command(_header_of(m, runs), m["cell_id"])}
+                        for m in members[1:]],
         })
     return out
 
@@ -89,7 +95,7 @@ def _metric(row: Mapping, key: str) -> float | None:
 
 
 def cell_rows(rows: Sequence[Mapping], factors: Sequence[str], levels: Mapping[str, list], oracles: Sequence[str],
-              ids: Mapping[str, str]) -> list[dict]:
+              ids: Mapping[str, str], table: Mapping[str, str]) -> list[dict]:
     """The cells table: every cell with its status, levels, failing oracles and metric columns; filter classes."""
     out = []
     for row in sorted(rows, key=lambda r: (STATUS_ORDER.get(r["status"], 9), r["cell_id"])):
@@ -97,7 +103,8 @@ def cell_rows(rows: Sequence[Mapping], factors: Sequence[str], levels: Mapping[s
         classes = [f"s-{row['status']}"] + [f"o{oracles.index(n)}" for n in failing if n in oracles]
         classes += [f"f{i}-{levels[f].index(row['factors'][f])}" for i, f in enumerate(factors) if f in row["factors"]]
         tiers = (row.get("metrics") or {}).get("cached_tokens_warm_by_tier") or {}
-        out.append({"row": row, "anchor": ids[row["cell_id"]], "failing": failing, "classes": " ".join(classes),
+        out.append({"row": row, "anchor": ids[row["cell_id"]], "row_id": table[row["cell_id"]], "failing": failing,
+                    "classes": " ".join(classes),
                     "accept": _metric(row, "mean_accept_length"), "cached": _metric(row, "cached_tokens_warm"),
                     "tiers": ", ".join(f"{k} {v}" for k, v in tiers.items()) if isinstance(tiers, Mapping) else "",
                     "engine": _metric(row, "engine_seconds"), "wall": _metric(row, "wall_seconds")})
@@ -122,11 +129,12 @@ def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Ma
     levels = {f: list(dict.fromkeys(r["factors"][f] for r in rows if f in r["factors"])) for f in factors}
     oracles = sorted({n for r in rows for n in r["oracles"]}, key=oracle_order)
     ids = anchors([r["cell_id"] for r in rows])
+    table = row_ids([r["cell_id"] for r in rows])
     probe_ids = {p["cell_id"] for p in probes}
     classes = analyze([*rows, *(p for p in probes if p["cell_id"] not in ids)])
     return {
         "summary": summary, "runs": list(runs.values()), "header_fields": HEADER_FIELDS, "classes": classes,
-        "shown_findings": SHOWN_FINDINGS, "grid": grid(rows), "groups": groups(rows, runs, ids), "ids": ids,
+        "shown_findings": SHOWN_FINDINGS, "grid": grid(rows), "groups": groups(rows, runs, ids, table), "ids": ids, "rows_ids": table,
         "probes": probes, "probe_ids": probe_ids, "factors": factors, "levels": levels, "oracles": oracles,
-        "cells": cell_rows(rows, factors, levels, oracles, ids),
+        "cells": cell_rows(rows, factors, levels, oracles, ids, table),
     }
