@@ -1,7 +1,6 @@
 """A report with failures, rendered by headless Chromium (Debian's chromium): what a person's browser builds from it."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -12,6 +11,7 @@ import pytest
 from reports.html import write_report
 from reports.rundata import summarize
 from tests import report_rows
+from tests.binaries import required_binary
 
 #: as the machine notes say Debian's chromium runs headless here: no sandbox (root), no network chatter.
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -19,24 +19,14 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 PAYLOAD = "<script>document.title='pwned'</script>"
 
 
-def chromium_binary() -> str:
-    """The chromium path; skip without one, except under CI=true (.ci/run installs it), where that fails."""
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    if binary is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("chromium is not installed, and CI=true requires the browser check to run")
-        pytest.skip("chromium is not installed (apt-get install chromium); CI=true makes this a failure")
-    return binary
-
-
 def test_a_missing_chromium_fails_under_ci_and_skips_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI=true"):
-        chromium_binary()
+        required_binary("chromium", "the browser check")
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception, match="not installed"):
-        chromium_binary()
+        required_binary("chromium", "the browser check")
 
 
 class Dom(HTMLParser):
@@ -62,7 +52,7 @@ class Dom(HTMLParser):
 
 
 def test_headless_chromium_renders_the_located_combination_and_anchors(tmp_path: Path) -> None:
-    binary = chromium_binary()
+    binary = required_binary("chromium", "the browser check")
     rows = report_rows.rows(300, seed=2)
     rows[0]["factors"]["model"] = rows[0]["cell_id"] = PAYLOAD  # data that looks like markup stays text
     runs = [report_rows.header(command=PAYLOAD)]
