@@ -93,7 +93,7 @@ def located_text(result: LocateResult, ran: Sequence[dict]) -> str:
         for cell in cls.unexplained:
             lines.append(f"  unexplained by up to 3 levels: {cell}")
     reused = [row for row in ran if row["probe"].get("reused")]
-    lines.append(f"extra cells run: {len(ran) - len(reused)} (and {len(reused)} cell(s) of the run reused as probes)")
+    lines.append(f"extra cells run: {len(ran) - len(reused)} (and {len(reused)} cell(s) already run reused as probes)")
     for row in ran:
         failing = [n for n, v in row["oracles"].items() if v["verdict"] == "fail"]
         lines.append(f"  {row['cell_id']} ({row['probe']['changed']} changed, from {row['probe']['of']}"

@@ -58,6 +58,6 @@ def grid(rows: Sequence[Mapping]) -> dict | None:
             squares.append(Square(LABEL + j * CELL, LABEL + i * CELL, fill, f"{pair}: {bad}/{n} cells fail"))
     labels = [{"pos": LABEL + k * CELL + CELL // 2 + 4, "text": f"{f}={lv}"} for k, (f, _, lv) in enumerate(axes)]
     breaks = [LABEL + k * CELL for k in range(1, len(axes)) if axes[k][0] != axes[k - 1][0]]
-    size = LABEL + len(axes) * CELL + 2
-    return {"size": size, "cell": CELL, "label": LABEL, "squares": squares, "labels": labels, "breaks": breaks,
-            "end": LABEL + len(axes) * CELL}
+    end = LABEL + len(axes) * CELL
+    return {"width": end + LABEL // 2, "height": end + 2, "cell": CELL, "label": LABEL, "squares": squares, "labels": labels, "breaks": breaks,
+            "end": end}

@@ -18,6 +18,9 @@ STATUS_ORDER = {"error": 0, "fail": 1, "pass": 2, "skip": 3}
 ORACLE_ORDER = ["tokens", "logprobs", "nan", "accept_length", "cached_tokens", "batch_invariance", "completeness",
                 "pool_audit"]
 SHOWN_FINDINGS = 5
+#: above this many cells the passing ones start folded away: a closed <details> is parsed but not laid
+#: out, which keeps a 5,000-cell page quick to open (BENCHMARKS.md, bench_report.py).
+OPEN_TABLE_LIMIT = 1000
 HEADER_FIELDS = ("matrix", "matrix_file", "matrix_sha256", "mode", "strength", "faults", "device", "device_name", "shard",
                  "cells_planned", "commit", "date", "host", "versions", "command", "run_id")
 
@@ -130,11 +133,10 @@ def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Ma
     oracles = sorted({n for r in rows for n in r["oracles"]}, key=oracle_order)
     ids = anchors([r["cell_id"] for r in rows])
     table = row_ids([r["cell_id"] for r in rows])
-    probe_ids = {p["cell_id"] for p in probes}
-    classes = analyze([*rows, *(p for p in probes if p["cell_id"] not in ids)])
+    classes = analyze(rows, probes)
     return {
         "summary": summary, "runs": list(runs.values()), "header_fields": HEADER_FIELDS, "classes": classes,
-        "shown_findings": SHOWN_FINDINGS, "grid": grid(rows), "groups": groups(rows, runs, ids, table), "ids": ids, "rows_ids": table,
-        "probes": probes, "probe_ids": probe_ids, "factors": factors, "levels": levels, "oracles": oracles,
+        "shown_findings": SHOWN_FINDINGS, "open_table_limit": OPEN_TABLE_LIMIT, "grid": grid(rows), "groups": groups(rows, runs, ids, table), "ids": ids, "rows_ids": table,
+        "probes": probes, "probes_run": sum(not (p.get("probe") or {}).get("reused") for p in probes), "factors": factors, "levels": levels, "oracles": oracles,
         "cells": cell_rows(rows, factors, levels, oracles, ids, table),
     }

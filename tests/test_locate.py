@@ -1,6 +1,7 @@
 """`harness locate` names each registered fault's trigger from a 3-wise run with it injected."""
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -132,6 +133,7 @@ def test_locate_names_each_fault_on_a_real_3wise_run(name: str, tmp_path: Path, 
     oracle = FAULTS[name].oracle
     block = ("\n" + out).split(f"\n{oracle}: " if oracle != "error" else "\nerror: ", 1)[1].split("\n")
     assert "pinned down" in block[0] and "not pinned" not in block[0], out
-    located = [line.split("located: ", 1)[1].rsplit(" (", 1)[0] for line in block[1:] if line.startswith("  ")]
+    lines = list(itertools.takewhile(lambda line: line.startswith("  "), block[1:]))
+    located = [line.split("located: ", 1)[1].rsplit(" (", 1)[0] for line in lines if "located: " in line]
     trigger = trigger_in(FAULTS[name], dict(load_matrix(str(path)).factors))
     assert [parse_combination(c) for c in located] == [{f: set(map(str, v)) for f, v in trigger.items()}], out
