@@ -138,6 +138,6 @@ def add_triage_commands(sub: argparse._SubParsersAction) -> None:
     comp.set_defaults(handler=cmd_compare)
     loc = sub.add_parser("locate", help="run the extra cells that pin down each failing combination of a run")
     loc.add_argument("dir", metavar="DIR", help="the run's report directory")
-    loc.add_argument("--max-probed", type=int, metavar="N", help="failing cells probed per oracle at most (default 3)")
+    loc.add_argument("--max-probed", type=int, metavar="N", help="failing cells probed per oracle at most (default 8)")
     loc.add_argument("--device", help="device for the extra cells (default: the run's)")
     loc.set_defaults(handler=cmd_locate)

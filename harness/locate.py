@@ -10,14 +10,17 @@ extra passing cell contains drops out.
 """
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from harness.matrix import Cell, MatrixSpec
-from reports.locate import FailureClass, analyze
+from reports.locate import FailureClass, analyze, outcome
 
-#: failing cells probed per failure class at most (each costs up to k extra cells).
-MAX_PROBED = 3
+#: failing cells probed per failure class at most (each costs up to k extra cells): a trigger with two
+#: factors of two levels each (spec∈{draft, mtp} & cache∈{host, storage}) needs four.
+MAX_PROBED = 8
 _ABSENT = object()
 
 
@@ -34,18 +37,37 @@ def cell_of(spec: MatrixSpec, row: Mapping) -> Cell:
     return Cell(tuple((factor, row["factors"][factor]) for factor, _ in spec.factors))
 
 
-def one_factor_changes(spec: MatrixSpec, cell: Cell) -> Iterator[tuple[str, Cell]]:
-    """For each factor with other levels: ``cell`` with that factor changed (golden level first), if allowed."""
+def one_factor_changes(spec: MatrixSpec, cell: Cell,
+                       failure_rate: Callable[[str, object], float] = lambda factor, level: 0.0
+                       ) -> Iterator[tuple[str, Cell]]:
+    """For each factor with other levels: ``cell`` with that factor changed, if the constraints allow it.
+
+    The new level is the one least associated with the failure so far (``failure_rate``), the golden
+    level first among equals: changing ``pd=inproc`` to ``nixl`` would tell nothing when both trigger.
+    """
     for i, (factor, levels) in enumerate(spec.factors):
         current = cell.factors[i][1]
         golden = spec.golden.get(factor, _ABSENT)
-        order = [golden] if golden in levels and golden != current else []
-        order += [level for level in levels if level != current and level not in order]
-        for level in order:
+        others = [level for level in levels if level != current]
+        others.sort(key=lambda level: (failure_rate(factor, level), level != golden, levels.index(level)))
+        for level in others:
             changed = Cell((*cell.factors[:i], (factor, level), *cell.factors[i + 1:]))
             if spec.allows(changed.as_dict()):
                 yield factor, changed
                 break
+
+
+def failure_rates(rows: Sequence[Mapping], name: str) -> Callable[[str, object], float]:
+    """(factor, level) → the share of cells at that level that fail class ``name`` (0 where none says)."""
+    counts: dict[tuple[str, str], list[int]] = {}
+    for row in rows:
+        result = outcome(row, name)
+        if result is not None:
+            for factor, level in row["factors"].items():
+                tally = counts.setdefault((factor, json.dumps(level)), [0, 0])
+                tally[0] += result
+                tally[1] += 1
+    return lambda factor, level: (lambda t: t[0] / t[1] if t else 0.0)(counts.get((factor, json.dumps(level))))
 
 
 def _unsettled(cls: FailureClass) -> list[str]:
@@ -72,7 +94,8 @@ def locate(spec: MatrixSpec, rows: Sequence[dict], run_one: Callable[[Cell], dic
         name, cell_id = todo
         attempts[name] = attempts.get(name, 0) + 1
         probed.add(cell_id)
-        for factor, changed in one_factor_changes(spec, cell_of(spec, known[cell_id])):
+        rates = failure_rates([*rows, *probes], name)
+        for factor, changed in one_factor_changes(spec, cell_of(spec, known[cell_id]), rates):
             reused = changed.cell_id in known
             row = known[changed.cell_id] if reused else run_one(changed)
             known[changed.cell_id] = row

@@ -159,24 +159,24 @@ def _candidates(levels: _Levels, failing: np.ndarray, passing: np.ndarray, max_s
 
 
 def _merge(findings: list[Finding]) -> list[Finding]:
-    """Join pinned findings on the same factors that differ in one factor's levels (``spec∈{draft, mtp}``)."""
-    merged = True
-    while merged:
-        merged = False
-        for a, b in itertools.combinations(findings, 2):
-            la, lb = a.combination.levels, b.combination.levels
-            if not (a.pinned and b.pinned) or a.how != b.how or [f for f, _ in la] != [f for f, _ in lb]:
-                continue
-            differ = [i for i, ((_, x), (_, y)) in enumerate(zip(la, lb)) if x != y]
-            if len(differ) == 1:
-                i = differ[0]
-                union = tuple(dict.fromkeys(la[i][1] + lb[i][1]))
-                levels = la[:i] + ((la[i][0], union),) + la[i + 1:]
-                findings = [f for f in findings if f is not a and f is not b]
-                findings.append(Finding(Combination(levels), list(dict.fromkeys(a.cells + b.cells)), True, a.how))
-                merged = True
-                break
-    return findings
+    """Join pinned findings on the same factors whose level tuples together fill a product:
+    ``spec=draft & cache∈{host, storage}`` and ``spec=mtp & cache=host`` and ``spec=mtp & cache=storage``
+    become ``spec∈{draft, mtp} & cache∈{host, storage}``; a group that fills no product stays as it is."""
+    groups: dict[tuple[str, ...], list[Finding]] = {}
+    for finding in findings:
+        if finding.pinned:
+            groups.setdefault(tuple(f for f, _ in finding.combination.levels), []).append(finding)
+    merged = [f for f in findings if not f.pinned]
+    for factors, group in groups.items():
+        tuples = {t for f in group for t in itertools.product(*(ls for _, ls in f.combination.levels))}
+        axes = [tuple(dict.fromkeys(t[i] for t in sorted(tuples, key=str))) for i in range(len(factors))]
+        if len(group) > 1 and len(tuples) == len(list(itertools.product(*axes))):
+            how = "extra cells" if any(f.how == "extra cells" for f in group) else "run"
+            cells = list(dict.fromkeys(cell for f in group for cell in f.cells))
+            merged.append(Finding(Combination(tuple(zip(factors, axes))), cells, True, how))
+        else:
+            merged += group
+    return merged
 
 
 def induced(row: Mapping, probes: Sequence[Mapping], name: str, factors: Sequence[str]) -> Combination | None:
@@ -197,7 +197,7 @@ def _settle(cls: FailureClass, located: list[Combination], rows: Mapping[str, Ma
             for c in located]
     covered = {cell for f in done for cell in f.cells}
     rest = [Finding(f.combination, [c for c in f.cells if c not in covered], f.pinned, f.how) for f in cls.findings]
-    findings = sorted(_merge(done), key=_rank) + [f for f in rest if f.cells]
+    findings = sorted(_merge([*done, *(f for f in rest if f.cells)]), key=_rank)
     return FailureClass(cls.name, cls.failing, cls.passing, findings, [c for c in cls.unexplained if c not in covered])
 
 
