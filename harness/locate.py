@@ -1,9 +1,9 @@
 """``harness locate``: run the few extra cells that settle which combination makes a run's cells fail.
 
 For a failing cell whose failure more than one candidate combination could explain
-(``reports.locate``), change one factor at a time (to its golden level where it has one,
-else to the first other level the constraints allow) and run that cell: a factor whose
-change makes the failure go away is part of the cause. That is at most one extra cell per
+(``reports.locate``), change one factor at a time (to the allowed level whose cells failed
+least so far, the golden level first among equals) and run that cell: a factor whose change
+makes the failure go away is part of the cause. That is at most one extra cell per
 factor of the failing cell (k cells for k factors, exact for a deterministic fault); the
 extra rows join the run's rows and the analysis is repeated, so every candidate that an
 extra passing cell contains drops out.

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -142,13 +143,25 @@ def parse_combination(text: str) -> dict[str, set[str]]:
     return out
 
 
+def three_wise(text: str, fault: Fault, directory: Path) -> Path:
+    """A fault's own matrix (tests/test_faults.py) as a 3-wise array; a fourth varied trigger factor is
+    held at a trigger level, so that the array is sure to hold a trigger cell."""
+    doc = tomllib.loads(text)
+    varied = [f for f in fault.triggers if len(doc["factors"].get(f, [])) > 1]
+    for factor in varied[3:]:
+        doc["factors"][factor] = [next(lv for lv in doc["factors"][factor] if lv in fault.triggers[factor])]
+    lines = ['[matrix]', 'name = "fault"', 'mode = "t-wise"', 'strength = 3', f'workloads = {json.dumps(doc["matrix"]["workloads"])}',
+             "", "[factors]", *(f"{f} = {json.dumps(levels)}" for f, levels in doc["factors"].items())]
+    path = directory / "fault.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FAULTS))
 def test_locate_names_each_fault_on_a_real_3wise_run(name: str, tmp_path: Path, capsys) -> None:
     """End to end on the engine: each fault's own small matrix (tests/test_faults.py), 3-wise, then locate."""
-    path = tmp_path / "fault.toml"
-    text = MATRIX_OF[name].replace('mode = "full"', 'mode = "t-wise"\nstrength = 3')
-    path.write_text(text.replace(text.split('name = "')[1].split('"')[0], "fault", 1))
+    path = three_wise(MATRIX_OF[name], FAULTS[name], tmp_path)
     report = tmp_path / "out"
     assert main(["run", "--matrix", str(path), "--report-dir", str(report), "--inject-fault", name]) == 1
     capsys.readouterr()
