@@ -1,20 +1,29 @@
-"""The command line: list a matrix, run it, check faults on it, list them. Exit 0 pass, 1 fail, 2 bad input."""
+"""The command line: list a matrix, run it, check faults on it, list them; report, compare, locate (harness.commands).
+
+Exit 0 pass, 1 fail, 2 bad input."""
 from __future__ import annotations
 
 import argparse
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from fixtures.workloads import WORKLOADS
+from harness.commands import TriageInputError, add_triage_commands
 from harness.killmatrix import check_fault
 from harness.matrix import Cell, MatrixError, MatrixSpec, coverage, generate, lower_bound
 from harness.matrix_file import load_matrix
+from harness.junit import write_junit
+from harness.progress import RunProgress
+from harness.provenance import run_header
 from harness.results import ResultsStore, RunInfo
 from harness.runner import GoldenRuns, configure_torch, run_cell
+from harness.selection import UnknownCellError, select_cells
 from reference_impl.faults import FAULTS, UnknownFaultError, check_faults
+from reports.rundata import load
 
 DEFAULT_REPORT_DIR = Path("reports/out")
 
@@ -69,29 +78,41 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.matrix, args.strength)
     faults = check_faults(args.inject_fault)
-    cells = select_shard(generate(spec), parse_shard(args.shard) if args.shard else None)
-    info = RunInfo(spec.name, spec.mode, spec.strength, sorted(faults), len(cells))
+    generated = generate(spec)
+    cells = select_cells(spec, generated, args.cell) if args.cell else generated
+    cells = select_shard(cells, parse_shard(args.shard) if args.shard else None)
+    header = run_header(spec, args.matrix, faults, args.device, args.shard, len(cells))
+    info = RunInfo(spec.name, spec.mode, spec.strength, sorted(faults), len(cells), header=header, device=args.device)
     store = ResultsStore(Path(args.report_dir), info)
     done = store.start(args.resume, {c.cell_id for c in cells})
     configure_torch()
     goldens = GoldenRuns(args.device)
     started = time.perf_counter()
-    for i, cell in enumerate(cells, 1):
-        if cell.cell_id in done:
-            print(f"[{i}/{len(cells)}] {cell.cell_id}: kept from the previous run", flush=True)
-            continue
-        result = run_cell(spec, cell, faults=faults, goldens=goldens)
-        store.add(result)
-        failed = [name for name, v in result.oracles.items() if v.status == "fail"]
-        note = f" ({', '.join(failed)})" if failed else (" (see error)" if result.error else "")
-        print(f"[{i}/{len(cells)}] {cell.cell_id}: {result.status}{note} "
-              f"{result.metrics.get('wall_seconds', 0):.1f}s", flush=True)
-    summary = store.summary()
-    counts = ", ".join(f"{n} {status}" for status, n in summary["counts"].items() if n)
-    print(f"{summary['cells_done']} cells: {counts} in {time.perf_counter() - started:.1f}s; "
-          f"golden runs {goldens.computed} computed, {goldens.reused} reused")
+    with RunProgress(len(cells)) as progress:
+        for i, cell in enumerate(cells, 1):
+            progress.cell(cell.cell_id)
+            if cell.cell_id in done:
+                print(f"[{i}/{len(cells)}] {cell.cell_id}: kept from the previous run", flush=True)
+                progress.advance()
+                continue
+            result = run_cell(spec, cell, faults=faults, goldens=goldens, on_step=progress.step)
+            store.add(result)
+            progress.advance()
+            failed = [name for name, v in result.oracles.items() if v.status == "fail"]
+            note = f" ({', '.join(failed)})" if failed else (" (see error)" if result.error else "")
+            print(f"[{i}/{len(cells)}] {cell.cell_id}: {result.status}{note} "
+                  f"{result.metrics.get('wall_seconds', 0):.1f}s", flush=True)
+    store.finish()
+    ids = {c.cell_id for c in cells}
+    rows = [r for r in load([store.dir]).rows if r["cell_id"] in ids]
+    counts = Counter(r["status"] for r in rows)
+    print(f"{len(rows)} cells: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))} in "
+          f"{time.perf_counter() - started:.1f}s; golden runs {goldens.computed} computed, {goldens.reused} reused")
+    if args.junit:
+        write_junit(Path(args.junit), rows, [header.to_json()])
+        print(f"junit: {args.junit}")
     print(f"report: {store.index_path}")
-    return 1 if summary["counts"]["fail"] or summary["counts"]["error"] else 0
+    return 1 if counts["fail"] or counts["error"] else 0
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
@@ -135,12 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="keep finished cells of the same run in --report-dir")
     run.add_argument("--shard", metavar="I/N", help="run only shard I of N (1-based)")
     run.add_argument("--device", default="cpu", help="torch device of every pool and model (cuda: compiled Triton)")
+    run.add_argument("--cell", action="append", default=[], metavar="ID",
+                     help="run only this cell (repeatable); any allowed combination of the matrix's levels")
+    run.add_argument("--junit", metavar="FILE", help="also write the cells of this run as JUnit XML (one test case per cell)")
     kill = sub.add_parser("kill", help="inject each fault and check it fails exactly its trigger cells")
     kill.add_argument("--matrix", required=True, help="matrix name (matrices/NAME.toml) or path to a .toml file")
     kill.add_argument("--strength", type=int, help="generate a t-wise covering array of this strength")
     kill.add_argument("--fault", action="append", metavar="NAME", help="check only this fault (repeatable)")
     kill.add_argument("--device", default="cpu", help="torch device of every pool and model")
     sub.add_parser("faults", help="list the injectable faults")
+    add_triage_commands(sub)
     return parser
 
 
@@ -148,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"list": cmd_list, "run": cmd_run, "kill": cmd_kill, "faults": cmd_faults}
     try:
-        return commands[args.command](args)
-    except (MatrixError, UnknownFaultError, UsageError) as exc:
+        return commands[args.command](args) if args.command in commands else args.handler(args)
+    except (MatrixError, UnknownFaultError, UsageError, UnknownCellError, TriageInputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

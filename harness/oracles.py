@@ -23,6 +23,9 @@ TIE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.125, torch.float16: 0.02
 #: largest per-token logprob difference accepted against the golden run, per dtype.
 LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.02}
 MAX_FINDINGS = 5
+#: tokens kept around a divergence (before, from it on), golden and cell alike: enough to see both
+#: sequences side by side, bounded so a 5,000-cell report stays small.
+TOKEN_WINDOW = (16, 32)
 #: relative drop of the mean accept length (vs the golden configuration with the same spec
 #: algorithm, and warm vs cold) that fails a cell: greedy verification makes accept history a
 #: function of the tokens, so only near-tie flips in non-deterministic mode may move it at all.
@@ -98,9 +101,11 @@ def tokens_oracle(views: Sequence[PassView]) -> Verdict:
             step = _first_divergence(out.tokens, want.tokens)
             if step is None:
                 continue
+            start = max(0, step - TOKEN_WINDOW[0])
             where = {"workload": view.workload, "pass": view.name, "request": out.rid, "step": step,
-                     "expected": want.tokens[step], "got": out.tokens[step],
-                     "context": want.tokens[max(0, step - 5) : step], "golden_margin": round(want.margins[step], 6)}
+                     "expected": want.tokens[step], "got": out.tokens[step], "golden_margin": round(want.margins[step], 6),
+                     "window_start": start, "expected_tokens": want.tokens[start : step + TOKEN_WINDOW[1]],
+                     "got_tokens": out.tokens[start : step + TOKEN_WINDOW[1]]}
             (ties if want.margins[step] < TIE_TOLERANCE[view.dtype] else findings).append(where)
     verdict = _verdict(
         "tokens", findings, f"all tokens equal golden ({len(ties)} ties)",
@@ -189,7 +194,10 @@ def cached_tokens_oracle(views: Sequence[PassView]) -> Verdict:
             ok = expect.admits(out.cached_tokens) and expect.admits_split(split["host"], split["storage"])
             if not ok or sum(split.values()) != out.cached_tokens:
                 findings.append({"workload": view.workload, "pass": view.name, "request": out.rid,
-                                 "expected": expect.describe(), "got": _by_tier(out)})
+                                 "expected": expect.describe(), "got": _by_tier(out),
+                                 "expected_tiers": {"total": [expect.lo, expect.hi], "host": expect.host,
+                                                    "storage": expect.storage},
+                                 "got_tiers": {"total": out.cached_tokens, **split}})
     split = ", ".join(f"{tier} {n}" for tier, n in warm.items())
     return _verdict("cached_tokens", findings, f"as expected ({sum(warm.values())} warm cached tokens: {split})",
                     lambda f: f"{len(f)} request(s) off; first: {f[0]['workload']}/{f[0]['pass']} {f[0]['request']}: "

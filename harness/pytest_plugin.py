@@ -6,12 +6,14 @@ appended to ``--report-dir``/results.jsonl (under a lock, so xdist workers can s
 """
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
 
 from harness.cli import DEFAULT_REPORT_DIR, UsageError, load_spec, parse_shard, select_shard
 from harness.matrix import Cell, MatrixError, MatrixSpec, generate
+from harness.provenance import run_header
 from harness.results import ResultsStore, RunInfo
 from harness.runner import CellResult, GoldenRuns, configure_torch, run_cell
 from reference_impl.faults import UnknownFaultError, check_faults
@@ -22,12 +24,12 @@ _STATE = pytest.StashKey["_MatrixRun"]()
 class _MatrixRun:
     """What every item of this session shares: the matrix, its cells, the store and the golden runs."""
 
-    def __init__(self, spec: MatrixSpec, cells: list[Cell], faults: frozenset[str], store: ResultsStore) -> None:
+    def __init__(self, spec: MatrixSpec, cells: list[Cell], faults: frozenset[str], store: ResultsStore, device: str) -> None:
         self.spec = spec
         self.cells = cells
         self.faults = faults
         self.store = store
-        self.goldens = GoldenRuns()
+        self.goldens = GoldenRuns(device)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -37,6 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--inject-fault", action="append", default=[], metavar="NAME", help="turn on a named fault (repeatable)")
     group.addoption("--report-dir", default=str(DEFAULT_REPORT_DIR), metavar="DIR", help="results.jsonl, summary.json, index.html go here")
     group.addoption("--matrix-shard", metavar="I/N", help="run only shard I of N of the cells (1-based)")
+    group.addoption("--device", default="cpu", help="torch device of every pool and model (cuda: compiled Triton)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,11 +55,16 @@ def pytest_configure(config: pytest.Config) -> None:
         cells = select_shard(generate(spec), parse_shard(shard) if shard else None)
     except (MatrixError, UnknownFaultError, UsageError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    store = ResultsStore(Path(config.getoption("--report-dir")), RunInfo(spec.name, spec.mode, spec.strength, sorted(faults), len(cells)))
-    if not hasattr(config, "workerinput"):  # the xdist controller (or a plain run) starts the report once
+    device = config.getoption("--device")
+    header = run_header(spec, name, faults, device, shard, len(cells), argv=["pytest", *config.invocation_params.args])
+    info = RunInfo(spec.name, spec.mode, spec.strength, sorted(faults), len(cells), header=header, device=device)
+    store = ResultsStore(Path(config.getoption("--report-dir")), info)
+    if hasattr(config, "workerinput"):  # a worker writes its rows under the controller's run id
+        header.run_id = config.workerinput.get("kvmatrix_run_id", header.run_id)
+    else:  # the xdist controller (or a plain run) starts the report once
         store.start(resume=False, planned={c.cell_id for c in cells})
     configure_torch()
-    config.stash[_STATE] = _MatrixRun(spec, cells, faults, store)
+    config.stash[_STATE] = _MatrixRun(spec, cells, faults, store, device)
     matrix_path = str(spec.path.resolve())
     if not any(matrix_path.startswith(str(Path(arg.split("::")[0]).resolve())) for arg in config.args):
         config.args.append(matrix_path)
@@ -118,14 +126,39 @@ class MatrixItem(pytest.Item):
         lines += [f"  {name}: {v.message}" for name, v in result.oracles.items() if v.status == "fail"]
         if result.error:
             lines += ["", result.error]
-        faults = "".join(f" --inject-fault {f}" for f in result.faults)
-        matrix = self.config.getoption("--matrix")
-        lines += ["", f"reproduce: pytest -m matrix --matrix {matrix}{faults} -k '{result.cell_id}'",
+        lines += ["", f"reproduce: {reproduce_line(self.config, self.nodeid)}",
                   f"evidence:  {run.store.results_path} (cell_id {result.cell_id}), {run.store.index_path}"]
         return "\n".join(lines)
 
     def reportinfo(self):
         return self.path, None, f"cell {self.cell.cell_id}"
+
+
+def reproduce_line(config: pytest.Config, nodeid: str) -> str:
+    """The pytest command that reruns exactly this item: every kvmatrix option as given, the item by node id."""
+    args = ["pytest", "-m", "matrix", "--matrix", config.getoption("--matrix")]
+    for option in ("--strength", "--matrix-shard", "--device", "--report-dir"):
+        value = config.getoption(option)
+        if value is not None:
+            args += [option, str(value)]
+    for fault in config.getoption("--inject-fault"):
+        args += ["--inject-fault", fault]
+    return shlex.join([*args, nodeid])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist: every worker writes its rows under the controller's run id (one header in runs.jsonl)."""
+    run = node.config.stash.get(_STATE, None)
+    if run is not None and run.store.info.header is not None:
+        node.workerinput["kvmatrix_run_id"] = run.store.info.header.run_id
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The controller (or a plain run) rebuilds summary.json and index.html once every cell has ended."""
+    run = session.config.stash.get(_STATE, None)
+    if run is not None and not hasattr(session.config, "workerinput"):
+        run.store.finish()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -1,25 +1,32 @@
-"""Results on disk: results.jsonl streamed one line per finished cell, summary.json and index.html.
+"""Results on disk: results.jsonl streamed one line per finished cell, runs.jsonl, summary.json and index.html.
 
-Several processes (pytest-xdist workers, shards) may append to one directory: every write
-happens under an exclusive lock, and summary.json and index.html are rebuilt from the
-whole results.jsonl after each cell, so a killed run leaves a consistent, resumable record.
+Several processes (pytest-xdist workers, shards of one run) may write to one directory:
+every write happens under an exclusive lock, a run only ever replaces the rows of the cells it
+is about to run (another shard's rows stay), and summary.json and index.html are rebuilt from
+the whole directory. A line that cannot be read is never dropped in silence: it is named on
+stderr and moved to results.rejected.jsonl. A killed run leaves a consistent, resumable record.
 """
 from __future__ import annotations
 
 import fcntl
-import json
 import os
+import sys
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.provenance import RunHeader
+from harness.rows import dumps, read_rows, write_lines
 from harness.runner import CellResult
-from reports.html import write_index
+from reports.html import write_report
+from reports.rundata import RESULTS, RUNS, load, planned, summarize
 
-STATUSES = ("pass", "fail", "error", "skip")
+REJECTED = "results.rejected.jsonl"
+#: re-render the page after a cell only when this many render-times have passed since the last:
+#: the page costs at most 1/REFRESH_RATIO of the run, even at thousands of cells.
+REFRESH_RATIO = 10
 
 
 @dataclass(slots=True)
@@ -32,60 +39,27 @@ class RunInfo:
     faults: list[str]
     cells_planned: int
     started: float = field(default_factory=time.time)
+    header: RunHeader | None = None
+    device: str = "cpu"
 
 
-def read_records(path: Path) -> list[dict]:
-    """Every complete line of a results.jsonl; a torn last line (killed writer) is ignored."""
-    records = []
-    if not path.exists():
-        return records
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
-def summarize(records: list[dict], info: RunInfo) -> dict:
-    """summary.json: counts per status and per failing oracle, for the records of this run."""
-    counts = Counter(r["status"] for r in records)
-    oracle_failures = Counter(
-        name for r in records for name, v in r.get("oracles", {}).items() if v["verdict"] == "fail"
-    )
-    return {
-        "matrix": info.matrix, "mode": info.mode, "strength": info.strength, "faults": info.faults,
-        "cells_planned": info.cells_planned, "cells_done": len(records),
-        "counts": {status: counts.get(status, 0) for status in STATUSES},
-        "oracle_failures": dict(sorted(oracle_failures.items())),
-        "failing_cells": sorted(r["cell_id"] for r in records if r["status"] in ("fail", "error")),
-        "mean_accept_length": _accept_by_spec(records),
-        "wall_seconds": round(time.time() - info.started, 2),
-    }
-
-
-def _accept_by_spec(records: list[dict]) -> dict[str, dict[str, float]]:
-    """Mean accept length per spec algorithm and model, averaged over the cells that verified drafts."""
-    groups: dict[str, dict[str, list[float]]] = {}
-    for record in records:
-        mean = (record.get("metrics") or {}).get("mean_accept_length")
-        if mean is not None:
-            spec = str(record["factors"].get("spec", "none"))
-            model = str(record["factors"].get("model", "dense"))
-            groups.setdefault(spec, {}).setdefault(model, []).append(mean)
-    return {spec: {model: round(sum(v) / len(v), 4) for model, v in sorted(models.items())}
-            for spec, models in sorted(groups.items())}
+def warn(message: str) -> None:
+    """A warning on stderr, one line."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 class ResultsStore:
-    """The report directory of one run."""
+    """The report directory of one run (or of one shard of it)."""
 
-    def __init__(self, report_dir: Path, info: RunInfo) -> None:
+    def __init__(self, report_dir: Path, info: RunInfo, warn: Callable[[str], None] = warn) -> None:
         self.dir = Path(report_dir)
         self.info = info
-        self.results_path = self.dir / "results.jsonl"
+        self.warn = warn
+        self.results_path = self.dir / RESULTS
         self.summary_path = self.dir / "summary.json"
         self.index_path = self.dir / "index.html"
+        self._last_refresh = 0.0
+        self._render_seconds = 0.0
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -98,39 +72,77 @@ class ResultsStore:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def start(self, resume: bool, planned: set[str]) -> set[str]:
-        """Begin the run; with ``resume``, keep this run's finished ``planned`` cells and return their ids."""
+        """Begin the run: replace the rows of the ``planned`` cells (with ``resume``, keep and return those)."""
         with self._locked():
-            records = read_records(self.results_path) if resume else []
-            kept = [r for r in records if self._same_run(r) and r["cell_id"] in planned]
-            self._write_lines(kept)
-            self._refresh(kept)
-        return {r["cell_id"] for r in kept}
+            read = read_rows(self.results_path)
+            if read.problems:
+                self._reject(read.problems)
+            kept, done, other_runs = [], set(), 0
+            for row in read.rows:
+                if not self._same_run(row):
+                    other_runs += 1
+                elif row["cell_id"] not in planned:
+                    kept.append(row)  # another shard's (or another selection's) cell
+                elif resume:
+                    kept.append(row)
+                    done.add(row["cell_id"])
+            if other_runs:
+                self.warn(f"{self.results_path}: {other_runs} row(s) of another run (not matrix {self.info.matrix} with "
+                          f"faults {self.info.faults or 'none'} on {self.info.device}) replaced by this run")
+            if read.rows or read.problems:
+                write_lines(self.results_path, kept)
+            if self.info.header is not None:
+                self._append(self.dir / RUNS, dumps(self.info.header.to_json()) + "\n")
+            self._refresh()
+        return done
 
     def add(self, result: CellResult) -> None:
-        """Append one finished cell and rebuild summary.json and index.html."""
-        line = json.dumps(result.to_json(), default=str) + "\n"
+        """Append one finished cell; rebuild summary.json and index.html unless that was done very recently."""
+        row = result.to_json()
+        if self.info.header is not None:
+            row["run_id"] = self.info.header.run_id
+        row["device"] = self.info.device
         with self._locked():
-            with open(self.results_path, "a", encoding="utf-8") as out:
-                out.write(line)
-                out.flush()
-                os.fsync(out.fileno())
-            self._refresh(read_records(self.results_path))
+            self._append(self.results_path, dumps(row) + "\n")
+            if time.perf_counter() - self._last_refresh >= REFRESH_RATIO * self._render_seconds:
+                self._refresh()
 
-    def summary(self) -> dict:
+    def finish(self) -> dict:
+        """Rebuild summary.json and index.html from the whole directory and return the summary."""
         with self._locked():
-            return summarize(read_records(self.results_path), self.info)
+            return self._refresh()
 
-    def _same_run(self, record: dict) -> bool:
-        return record.get("matrix") == self.info.matrix and sorted(record.get("faults", [])) == sorted(self.info.faults)
+    def _same_run(self, row: dict) -> bool:
+        return (row.get("matrix") == self.info.matrix and sorted(row.get("faults", [])) == sorted(self.info.faults)
+                and row.get("device", self.info.device) == self.info.device)
 
-    def _write_lines(self, records: list[dict]) -> None:
-        tmp = self.results_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in records), encoding="utf-8")
-        tmp.replace(self.results_path)
+    def _reject(self, problems: list) -> None:
+        """Name every unreadable line and move it, as it was, to results.rejected.jsonl."""
+        for problem in problems:
+            self.warn(str(problem) if not problem.skipped else f"{problem.path}:{problem.line}: {problem.reason}; "
+                      f"moved to {self.dir / REJECTED}")
+        self._append(self.dir / REJECTED, "".join(p.text + "\n" for p in problems if p.skipped))
 
-    def _refresh(self, records: list[dict]) -> None:
-        summary = summarize(records, self.info)
-        tmp = self.summary_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(self.summary_path)
-        write_index(self.index_path, records, summary)
+    @staticmethod
+    def _append(path: Path, text: str) -> None:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+
+    def _refresh(self) -> dict:
+        started = time.perf_counter()
+        data = load([self.dir]) if self.results_path.exists() else None
+        rows = data.rows if data else []
+        runs = [r for r in (data.runs if data else []) if self.info.header is None or r["run_id"] != self.info.header.run_id]
+        if self.info.header is not None:
+            self.info.header.cells_planned = self.info.cells_planned
+            runs.append(self.info.header.to_json())
+        seen = {r.get("run_id") for r in rows} | ({self.info.header.run_id} if self.info.header else set())
+        runs = [r for r in runs if r["run_id"] in seen]
+        summary = summarize(rows, runs, planned(runs, self.info.cells_planned), self.info.started)
+        summary.update(matrix=self.info.matrix, mode=self.info.mode, strength=self.info.strength, faults=self.info.faults)
+        write_report(self.dir, rows, summary, data.probes if data else [])
+        self._render_seconds = time.perf_counter() - started
+        self._last_refresh = time.perf_counter()
+        return summary

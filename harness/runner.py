@@ -6,7 +6,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -77,9 +77,14 @@ class WorkloadRun:
 
 
 def run_workload(
-    levels: Mapping[str, object], workload: Workload, faults: frozenset[str], device: str = "cpu"
+    levels: Mapping[str, object], workload: Workload, faults: frozenset[str], device: str = "cpu",
+    on_step: Callable[[str], None] | None = None,
 ) -> WorkloadRun:
-    """Run ``workload`` cold then warm on a fresh engine; in deterministic mode also each request alone."""
+    """Run ``workload`` cold then warm on a fresh engine; in deterministic mode also each request alone.
+
+    ``on_step`` hears each pass as it starts (``system_prompt/warm``): the progress line shows it.
+    """
+    step = on_step or (lambda what: None)
     # A store namespace of its own: a shared Redis must not carry one run's prefixes into another's cold pass.
     config = replace(build_engine_config(levels, workload, faults, device), tenant=f"run-{uuid.uuid4().hex}")
     started = time.perf_counter()
@@ -87,6 +92,7 @@ def run_workload(
     try:
         passes = {}
         for name in PASSES:
+            step(f"{workload.name}/{name}")
             seen = len(engine.nan_events)
             outputs = engine.generate(workload.requests)
             passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit())
@@ -96,6 +102,7 @@ def run_workload(
         engine.close()
     solo = None
     if config.deterministic:
+        step(f"{workload.name}/alone")
         # alone, on one plain engine: a reference that shares no PD mechanism with the cell
         solo = Engine(replace(config, max_running=1, pd=None, tenant=f"solo-{config.tenant}")).generate(workload.requests)
     return WorkloadRun(
@@ -223,7 +230,8 @@ def spec_golden_levels(levels: Mapping[str, object], golden_levels: Mapping[str,
     return {**golden_levels, "spec": full["spec"], "num_draft_tokens": full["num_draft_tokens"]}
 
 
-def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: GoldenRuns) -> CellResult:
+def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: GoldenRuns,
+             on_step: Callable[[str], None] | None = None) -> CellResult:
     """Run and judge one cell on the goldens' device; an exception or a timeout becomes ``error``."""
     levels = cell.as_dict()
     golden_levels = {**spec.golden, **spec.golden_of(cell).as_dict()}
@@ -239,11 +247,13 @@ def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: G
             for name in spec.workloads:
                 workload = load_workload(name)
                 before = time.perf_counter()
+                if on_step:
+                    on_step(f"{name}/golden")
                 golden = goldens.get(golden_levels, workload)
                 spec_golden = goldens.get(spec_levels, workload) if spec_levels else None
                 golden_seconds += time.perf_counter() - before
                 reuse = golden if cell_is_golden else spec_golden if cell_is_spec_golden else None
-                run = reuse or run_workload(levels, workload, faults, goldens.device)
+                run = reuse or run_workload(levels, workload, faults, goldens.device, on_step)
                 runs.append(run)
                 if run is not reuse:
                     own_runs.append(run)

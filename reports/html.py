@@ -1,40 +1,82 @@
-"""Render a run's results as one self-contained HTML page (no network, no scripts needed)."""
+"""Render pages: the run's index.html (and compare.html), each with its stylesheet beside it.
+
+The pages carry no script and load nothing from the network. Styling comes twice, on purpose:
+an inline ``<style>`` whose SHA-256 the page's own Content-Security-Policy allows (so a lone
+index.html opened from disk looks right), and ``report.css`` beside it, for CI viewers whose
+policy forbids inline styles (Jenkins' default: ``default-src 'none'; style-src 'self'``).
+Without either, the page is plain HTML that still reads top to bottom: headings, tables,
+``<details>`` toggles and ``<mark>`` for what differs.
+"""
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+import base64
+import hashlib
+from collections.abc import Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 
 import jinja2
 
+from harness.rows import dumps
+from reports.compare import Comparison
+from reports.page import filter_css, index_context
+
+CSS_NAME = "report.css"
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("reports", "templates"),
-    autoescape=jinja2.select_autoescape(["html"]),
+    autoescape=True,  # every template, whatever its name: each value from a results file is data, never markup
     keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    undefined=jinja2.StrictUndefined,
 )
 
 
-def render_index(records: Sequence[dict], summary: dict) -> str:
-    """The cells × oracles table, failures first, with each failing verdict's evidence."""
-    oracles = sorted({name for r in records for name in r.get("oracles", {})}, key=_oracle_order)
-    factors: list[str] = []
-    for record in records:
-        factors.extend(f for f in record["factors"] if f not in factors)
-    order = {"error": 0, "fail": 1, "pass": 2, "skip": 3}
-    rows = sorted(records, key=lambda r: (order.get(r["status"], 9), r["cell_id"]))
-    return _ENV.get_template("index.html").render(
-        summary=summary, rows=rows, oracles=oracles, factors=factors,
-        pretty=lambda value: json.dumps(value, indent=1, default=str),
-    )
+def base_css() -> str:
+    """The stylesheet every page shares."""
+    return resources.files("reports").joinpath("templates", CSS_NAME).read_text(encoding="utf-8")
 
 
-def _oracle_order(name: str) -> tuple[int, str]:
-    known = ["tokens", "logprobs", "nan", "accept_length", "cached_tokens", "batch_invariance", "completeness", "pool_audit"]
-    return (known.index(name) if name in known else len(known), name)
+def csp(css: str) -> str:
+    """The page's Content-Security-Policy: nothing but same-origin images and its own stylesheets."""
+    digest = base64.b64encode(hashlib.sha256(css.encode("utf-8")).digest()).decode("ascii")
+    return (f"default-src 'none'; img-src 'self'; style-src 'self' 'sha256-{digest}'; base-uri 'none'; "
+            "form-action 'none'")
 
 
-def write_index(path: Path, records: Sequence[dict], summary: dict) -> None:
-    """Write index.html atomically (a reader never sees half a page)."""
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(render_index(records, summary), encoding="utf-8")
+def render(template: str, css: str, css_name: str = CSS_NAME, **context: object) -> str:
+    """A page from ``template`` with ``css`` inline (allowed by its CSP) and linked as ``css_name`` beside it."""
+    return _ENV.get_template(template).render(css=css, csp=csp(css), css_name=css_name, **context)
+
+
+def index_page(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = ()) -> tuple[str, str]:
+    """index.html and its stylesheet for a run's rows."""
+    context = index_context(rows, summary, probes)
+    css = base_css() + filter_css(context["factors"], context["levels"], context["oracles"])
+    return render("index.html", css, **context), css
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` so that a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def write_report(directory: Path, rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = ()) -> None:
+    """summary.json, index.html and report.css into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    page, css = index_page(rows, summary, probes)
+    write_atomic(directory / "summary.json", dumps(summary, indent=2) + "\n")
+    write_atomic(directory / CSS_NAME, css)
+    write_atomic(directory / "index.html", page)
+
+
+def write_compare(path: Path, comparison: Comparison, base_name: str, new_name: str) -> None:
+    """compare.html (and compare.css beside it) for two runs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    css = base_css()
+    css_path = path.with_suffix(".css")
+    page = render("compare.html", css, css_path.name, c=comparison, base_name=base_name, new_name=new_name)
+    write_atomic(css_path, css)
+    write_atomic(path, page)

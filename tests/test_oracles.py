@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fixtures.workloads import CachedExpectation
-from harness.oracles import ORACLES, PassView, judge
+from harness.oracles import ORACLES, TOKEN_WINDOW, PassView, judge
 from reference_impl.engine.model_runner import NanEvent
 from reference_impl.request import RequestOutput
 
@@ -69,8 +69,19 @@ def test_tokens_fails_with_request_step_expected_got() -> None:
     outs[1].tokens[2] = 99
     v = ORACLES["tokens"]([view(outs, baseline())])
     assert v.status == "fail"
-    assert v.detail[0] | {"context": None} == {"workload": "w", "pass": "warm", "request": "b", "step": 2,
-                                                "expected": 7, "got": 99, "context": None, "golden_margin": 1.0}
+    assert v.detail[0] == {"workload": "w", "pass": "warm", "request": "b", "step": 2, "expected": 7, "got": 99,
+                           "golden_margin": 1.0, "window_start": 0, "expected_tokens": [5, 6, 7, 8],
+                           "got_tokens": [5, 6, 99, 8]}
+
+
+def test_tokens_keeps_a_bounded_window_of_both_sequences() -> None:
+    golden = [output("a", list(range(100)))]
+    outs = [output("a", list(range(100)))]
+    outs[0].tokens[60] = 999
+    (finding,) = ORACLES["tokens"]([view(outs, golden)]).detail
+    assert finding["window_start"] == 60 - TOKEN_WINDOW[0]
+    assert finding["expected_tokens"] == list(range(60 - TOKEN_WINDOW[0], 60 + TOKEN_WINDOW[1]))
+    assert finding["got_tokens"][TOKEN_WINDOW[0]] == 999 and len(finding["got_tokens"]) == sum(TOKEN_WINDOW)
 
 
 def test_tokens_divergence_at_a_near_tie_is_a_tie_not_a_failure() -> None:
@@ -100,7 +111,10 @@ def test_cached_tokens_fails_on_wrong_count() -> None:
     outs = baseline()
     outs[0].cached_tokens = outs[0].cached_device = 4
     v = ORACLES["cached_tokens"]([view(outs, baseline())])
-    assert v.status == "fail" and v.detail[0] == {"workload": "w", "pass": "warm", "request": "a", "expected": "8", "got": "4"}
+    assert v.status == "fail" and v.detail[0] == {
+        "workload": "w", "pass": "warm", "request": "a", "expected": "8", "got": "4",
+        "expected_tiers": {"total": [8, 8], "host": 0, "storage": 0},
+        "got_tiers": {"total": 4, "device": 4, "host": 0, "storage": 0}}
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,8 @@ def test_fault_fails_only_priority_cells_with_evidence(pytester: pytest.Pytester
     result.stdout.fnmatch_lines([
         "*cell model:dense-scheduler:priority-page_size:16: fail*",
         "*completeness:*never finished (lost)*",
-        "*reproduce: pytest -m matrix --matrix * --inject-fault priority_scheduler_drop -k 'model:dense-scheduler:priority-page_size:16'*",
+        "*reproduce: pytest -m matrix --matrix * --device cpu --report-dir * --inject-fault priority_scheduler_drop "
+        "tiny.toml::model:dense-scheduler:priority-page_size:16",
     ])
     rows = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
     assert sorted((r["cell_id"], r["status"]) for r in rows) == [
@@ -75,3 +77,22 @@ def test_last_failed_reruns_only_the_failing_cell(pytester: pytest.Pytester, tin
     rerun = pytester.runpytest(*args, "--lf")
     rerun.assert_outcomes(failed=1)
     rerun.stdout.fnmatch_lines(["*model:dense-scheduler:priority-page_size:16*"])
+
+
+def reproduce_lines(result: pytest.RunResult) -> list[str]:
+    return [line.split("reproduce: ", 1)[1] for line in result.outlines if line.startswith("reproduce: ")]
+
+
+def test_reproduce_line_round_trips_every_option(pytester: pytest.Pytester, tiny: Path) -> None:
+    """Running the printed line reruns exactly that cell, with the same options, and prints the same line."""
+    first = pytester.runpytest("-m", "matrix", "--matrix", str(tiny), "--strength", "2", "--matrix-shard", "2/2",
+                               "--device", "cpu", "--inject-fault", "priority_scheduler_drop",
+                               "--report-dir", str(pytester.path / "out"))
+    (line,) = reproduce_lines(first)
+    args = shlex.split(line)
+    for option, value in (("--strength", "2"), ("--matrix-shard", "2/2"), ("--device", "cpu"),
+                          ("--inject-fault", "priority_scheduler_drop")):
+        assert args[args.index(option) + 1] == value, line
+    again = pytester.runpytest(*args[1:])
+    again.assert_outcomes(failed=1)
+    assert reproduce_lines(again) == [line]

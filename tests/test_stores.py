@@ -1,7 +1,6 @@
 """cache=storage: the store interface, cross-instance reuse, tenant isolation, a store that disappears."""
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -18,6 +17,7 @@ from harness.engine_setup import build_engine_config
 from harness.runner import run_workload
 from reference_impl.cache.stores import FileStore, RedisStore, StoreError
 from reference_impl.engine.llm_engine import Engine
+from tests.binaries import required_binary
 
 LEVELS = {"cache": "storage", "model": "dense", "page_size": 16}
 
@@ -110,12 +110,7 @@ def _free_port() -> int:
 
 def redis_binary() -> str:
     """The redis-server path; skip without one, except under CI=true, where a missing server fails."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("redis-server is not installed, and CI=true requires the Redis tests to run")
-        pytest.skip("redis-server is not installed (apt-get install redis-server); CI=true makes this a failure")
-    return binary
+    return required_binary("redis-server", "the Redis tests")
 
 
 def test_a_missing_redis_fails_under_ci_and_skips_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,47 @@
+"""A live progress line for long runs: cells done/planned, the current cell and its workload/pass, elapsed, ETA.
+
+Drawn with rich on stdout, and only when stdout is a terminal: in CI logs and pipes nothing
+but the usual one line per finished cell is printed (rich keeps those lines above the live one). The ETA is rich's estimate from the
+cells finished so far (cells differ in cost, so it settles as the run goes on).
+"""
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class RunProgress:
+    """Context manager: ``cell()`` when a cell starts, ``step()`` at each workload pass, ``advance()`` when it ends."""
+
+    def __init__(self, planned: int, enabled: bool | None = None, console: Console | None = None) -> None:
+        self.enabled = sys.stdout.isatty() if enabled is None else enabled
+        self._cell = ""
+        self._progress = Progress(
+            TextColumn("cells"), MofNCompleteColumn(), BarColumn(bar_width=20), TimeElapsedColumn(),
+            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}"),
+            console=console or Console(file=sys.stdout), disable=not self.enabled, transient=True,
+        )
+        self._task = self._progress.add_task("", total=planned)
+
+    def __enter__(self) -> RunProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._progress.stop()
+
+    def cell(self, cell_id: str) -> None:
+        """A cell starts."""
+        self._cell = cell_id
+        self._progress.update(self._task, description=cell_id)
+
+    def step(self, what: str) -> None:
+        """The current cell moves on to ``what`` (``system_prompt/warm``, ``golden burst``)."""
+        self._progress.update(self._task, description=f"{self._cell} · {what}")
+
+    def advance(self) -> None:
+        """A cell ended (run or kept from a previous run)."""
+        self._progress.advance(self._task)

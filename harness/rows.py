@@ -1,0 +1,152 @@
+"""results.jsonl rows: strict JSON out, validated JSON in, every rejected line named by file and line.
+
+Strict JSON: ``NaN`` and ``Infinity`` are not JSON (JavaScript's ``JSON.parse`` rejects them,
+jq 1.6 turns NaN into null), so a non-finite float is written as the *string* ``"NaN"``,
+``"Infinity"`` or ``"-Infinity"``. Readers that want the number back call ``as_float``.
+Reading checks every row's keys and types; a line that fails is skipped and reported as a
+``LineProblem`` (file, line, reason), never dropped without a word.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+STATUSES = ("pass", "fail", "error", "skip")
+VERDICTS = ("pass", "fail", "skip")
+BOM = "\ufeff"
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def strict(value: object) -> object:
+    """``value`` with every non-finite float as a string and tuples as lists; anything else unknown as str."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else ("NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity"))
+    if isinstance(value, dict):
+        return {str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    if value is None or isinstance(value, (str, int)):
+        return value
+    if hasattr(value, "item"):  # a 0-d tensor or numpy scalar
+        return strict(value.item())
+    return str(value)
+
+
+def dumps(value: object, **kwargs: object) -> str:
+    """Strict JSON text of ``value`` (never NaN or Infinity literals)."""
+    return json.dumps(strict(value), allow_nan=False, **kwargs)
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads(text: str) -> object:
+    """Parse strict JSON: ``NaN``/``Infinity`` literals are an error, as in every other JSON parser."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def as_float(value: object) -> float | None:
+    """A number from a row: floats and ints as they are, the strings "NaN"/"Infinity"/"-Infinity" back as floats."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return NON_FINITE.get(value) if isinstance(value, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class LineProblem:
+    """One line of a results file that was not read as a row (or was read despite a defect)."""
+
+    path: Path
+    line: int
+    reason: str
+    text: str
+    skipped: bool = True
+
+    def __str__(self) -> str:
+        action = "line skipped" if self.skipped else "row read anyway"
+        return f"{self.path}:{self.line}: {self.reason} ({action})"
+
+
+def _type_problem(row: dict, key: str, kinds: tuple[type, ...], what: str) -> str | None:
+    value = row[key]
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        return f"key {key!r} must be {what}, not {type(value).__name__} {value!r:.60}"
+    return None
+
+
+def row_problem(row: object) -> str | None:
+    """Why ``row`` is not a valid results row, or None: required keys, their types, status and verdicts."""
+    if not isinstance(row, dict):
+        return f"a row must be a JSON object, not {type(row).__name__}"
+    required = (("cell_id", (str,), "a string"), ("factors", (dict,), "an object"), ("status", (str,), "a string"),
+                ("oracles", (dict,), "an object"))
+    optional = (("matrix", (str,), "a string"), ("metrics", (dict,), "an object"), ("faults", (list,), "a list"),
+                ("error", (str, type(None)), "a string or null"), ("run_id", (str,), "a string"),
+                ("device", (str,), "a string"))
+    for key, kinds, what in required:
+        if key not in row:
+            return f"missing key {key!r}"
+    for key, kinds, what in required + tuple(o for o in optional if o[0] in row):
+        problem = _type_problem(row, key, kinds, what)
+        if problem:
+            return problem
+    if row["status"] not in STATUSES:
+        return f"status {row['status']!r:.40} is not one of {', '.join(STATUSES)}"
+    for name, verdict in row["oracles"].items():
+        if not isinstance(verdict, dict) or verdict.get("verdict") not in VERDICTS:
+            return f"oracle {name!r:.40}: needs an object with verdict in {', '.join(VERDICTS)}"
+        if not isinstance(verdict.get("message", ""), str) or not isinstance(verdict.get("detail", []), list):
+            return f"oracle {name!r:.40}: message must be a string and detail a list"
+    if not all(isinstance(f, str) for f in row.get("faults", [])):
+        return "key 'faults' must be a list of strings"
+    return None
+
+
+@dataclass(slots=True)
+class ReadResult:
+    """The valid rows of one file (with their line numbers) and the lines that were not."""
+
+    rows: list[dict]
+    lines: list[int]
+    problems: list[LineProblem]
+
+
+def read_rows(path: Path, check: Callable[[object], str | None] = row_problem) -> ReadResult:
+    """Read a JSON Lines file of rows; blank lines are ignored, every other bad line becomes a LineProblem."""
+    result = ReadResult([], [], [])
+    if not path.exists():
+        return result
+    text = path.read_text(encoding="utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.startswith(BOM):
+            result.problems.append(LineProblem(path, number, "starts with a byte-order mark (JSON Lines has none)", line, False))
+            line = line[len(BOM):]
+        try:
+            row = loads(line)
+        except ValueError as exc:
+            torn = number == len(text.splitlines()) and not text.endswith("\n")
+            reason = "incomplete last line (a writer was killed mid-line?)" if torn else f"not JSON: {exc}"
+            result.problems.append(LineProblem(path, number, reason, line))
+            continue
+        problem = check(row)
+        if problem:
+            result.problems.append(LineProblem(path, number, problem, line))
+            continue
+        result.rows.append(row)
+        result.lines.append(number)
+    return result
+
+
+def write_lines(path: Path, rows: Iterable[dict]) -> None:
+    """Replace ``path`` with ``rows`` as strict JSON Lines, atomically (a reader never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(dumps(r) + "\n" for r in rows), encoding="utf-8")
+    tmp.replace(path)

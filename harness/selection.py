@@ -1,0 +1,53 @@
+"""``--cell ID``: the cells a command line names, from the matrix's array or any allowed combination of its levels.
+
+A cell id names a level of every factor in file order, so an id is read back against the
+matrix itself: factor by factor, a level whose partial id is a prefix of the text. That finds
+cells outside the covering array too (the one-factor-changed cells ``harness locate`` runs),
+as long as the matrix's constraints allow them.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+
+from harness.matrix import Cell, MatrixSpec
+
+
+class UnknownCellError(ValueError):
+    """A ``--cell`` id that names no allowed cell of the matrix; the message lists the closest ids."""
+
+
+def _parse(spec: MatrixSpec, text: str) -> list[Cell]:
+    """Every cell of ``spec``'s levels whose id is exactly ``text`` (a prefix search, factor by factor)."""
+    found, stack = [], [()]
+    while stack:
+        prefix = stack.pop()
+        if len(prefix) == len(spec.factors):
+            if Cell(prefix).cell_id == text:
+                found.append(Cell(prefix))
+            continue
+        factor, levels = spec.factors[len(prefix)]
+        for level in levels:
+            partial = (*prefix, (factor, level))
+            head = Cell(partial).cell_id
+            if text == head or text.startswith(head + "-"):
+                stack.append(partial)
+    return found
+
+
+def cell_by_id(spec: MatrixSpec, cell_id: str, generated: Sequence[Cell]) -> Cell:
+    """The cell named ``cell_id``: from ``generated`` when it is there, else any allowed cell of the matrix's levels."""
+    for cell in generated:
+        if cell.cell_id == cell_id:
+            return cell
+    for cell in _parse(spec, cell_id):
+        if spec.allows(cell.as_dict()):
+            return cell
+    close = difflib.get_close_matches(cell_id, [c.cell_id for c in generated], n=3, cutoff=0.5)
+    hint = f"; closest: {', '.join(close)}" if close else ""
+    raise UnknownCellError(f"--cell {cell_id!r}: no allowed cell of matrix {spec.name} has this id{hint}")
+
+
+def select_cells(spec: MatrixSpec, generated: Sequence[Cell], ids: Sequence[str]) -> list[Cell]:
+    """The named cells, in the order given, each once."""
+    return list(dict.fromkeys(cell_by_id(spec, cell_id, generated) for cell_id in ids))

@@ -1,0 +1,142 @@
+"""The index page's view model: what fails (located), the grid, failures grouped, every cell with its metrics.
+
+Everything here is data for ``templates/index.html``; nothing is HTML. Every field that came
+from a results file stays a plain value and is escaped by the template (autoescape is on).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from harness.provenance import reproduce_command
+from harness.rows import as_float, dumps
+from reports import evidence
+from reports.grid import grid
+from reports.locate import analyze, error_type
+
+STATUS_ORDER = {"error": 0, "fail": 1, "pass": 2, "skip": 3}
+ORACLE_ORDER = ["tokens", "logprobs", "nan", "accept_length", "cached_tokens", "batch_invariance", "completeness",
+                "pool_audit"]
+SHOWN_FINDINGS = 5
+#: above this many cells the passing ones start folded away: a closed <details> is parsed but not laid
+#: out, which keeps a 5,000-cell page quick to open (BENCHMARKS.md, bench_report.py).
+OPEN_TABLE_LIMIT = 1000
+HEADER_FIELDS = ("matrix", "matrix_file", "matrix_sha256", "mode", "strength", "faults", "device", "device_name", "shard",
+                 "cells_planned", "commit", "date", "host", "versions", "command", "run_id")
+
+
+def anchors(cell_ids: Sequence[str]) -> dict[str, str]:
+    """A unique, URL-safe ``id`` per cell: ``cell-`` and the cell id with anything unusual as ``_``."""
+    out, used = {}, set()
+    for cell_id in cell_ids:
+        base = "cell-" + re.sub(r"[^A-Za-z0-9_.:+-]", "_", cell_id)
+        anchor, n = base, 1
+        while anchor in used:
+            n += 1
+            anchor = f"{base}~{n}"
+        used.add(anchor)
+        out[cell_id] = anchor
+    return out
+
+
+def oracle_order(name: str) -> tuple[int, str]:
+    return (ORACLE_ORDER.index(name) if name in ORACLE_ORDER else len(ORACLE_ORDER), name)
+
+
+def failing_oracles(row: Mapping) -> list[str]:
+    return sorted((n for n, v in row["oracles"].items() if v["verdict"] == "fail"), key=oracle_order)
+
+
+def signature(row: Mapping) -> tuple:
+    """Rows with equal signatures failed identically: same oracles with the same messages, or the same error."""
+    last = [line for line in (row.get("error") or "").splitlines() if line.strip()]
+    return (row["status"], tuple((n, row["oracles"][n].get("message", "")) for n in failing_oracles(row)),
+            last[-1] if last else "")
+
+
+def _header_of(row: Mapping, runs: Mapping[str, Mapping]) -> Mapping:
+    return runs.get(row.get("run_id", ""), {}) or {
+        "matrix": row.get("matrix"), "faults": row.get("faults", []), "device": row.get("device", "cpu")}
+
+
+def row_ids(cell_ids: Sequence[str]) -> dict[str, str]:
+    """The table row of each cell: ``r`` and its position (short: the table is most of a 5,000-cell page)."""
+    return {cell_id: f"r{i}" for i, cell_id in enumerate(cell_ids)}
+
+
+def cell_evidence(row: Mapping, header: Mapping, anchor: str, row_id: str) -> dict:
+    """One failing cell: its anchor, reproduce command, each failing oracle's evidence view, the raw JSON."""
+    return {
+        "row": row, "anchor": anchor, "row_id": row_id, "reproduce": reproduce_command(header, row["cell_id"]),
+        "oracles": [{"name": n, "message": row["oracles"][n].get("message", ""),
+                     "view": evidence.views(n, row["oracles"][n].get("detail", []))} for n in failing_oracles(row)],
+        "raw": dumps(row, indent=1),
+    }
+
+
+def groups(rows: Sequence[Mapping], runs: Mapping[str, Mapping], ids: Mapping[str, str],
+           table: Mapping[str, str]) -> list[dict]:
+    """Failing cells grouped by signature, largest group first; the first cell of each shows the full evidence."""
+    by_sig: dict[tuple, list[Mapping]] = {}
+    for row in rows:
+        if row["status"] in ("fail", "error"):
+            by_sig.setdefault(signature(row), []).append(row)
+    out = []
+    for sig, members in sorted(by_sig.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        first = members[0]
+        out.append({
+            "status": sig[0], "oracles": [n for n, _ in sig[1]], "error": sig[2], "size": len(members),
+            "representative": cell_evidence(first, _header_of(first, runs), ids[first["cell_id"]], table[first["cell_id"]]),
+            "members": [{"row": m, "anchor": ids[m["cell_id"]], "reproduce": reproduce_command(_header_of(m, runs), m["cell_id"])}
+                        for m in members[1:]],
+        })
+    return out
+
+
+def _metric(row: Mapping, key: str) -> float | None:
+    return as_float((row.get("metrics") or {}).get(key))
+
+
+def cell_rows(rows: Sequence[Mapping], factors: Sequence[str], levels: Mapping[str, list], oracles: Sequence[str],
+              ids: Mapping[str, str], table: Mapping[str, str]) -> list[dict]:
+    """The cells table: every cell with its status, levels, failing oracles and metric columns; filter classes."""
+    out = []
+    for row in sorted(rows, key=lambda r: (STATUS_ORDER.get(r["status"], 9), r["cell_id"])):
+        failing = failing_oracles(row) + ([f"error: {error_type(row)}"] if row["status"] == "error" else [])
+        classes = [f"s-{row['status']}"] + [f"o{oracles.index(n)}" for n in failing if n in oracles]
+        classes += [f"f{i}-{levels[f].index(row['factors'][f])}" for i, f in enumerate(factors) if f in row["factors"]]
+        tiers = (row.get("metrics") or {}).get("cached_tokens_warm_by_tier") or {}
+        out.append({"row": row, "anchor": ids[row["cell_id"]], "row_id": table[row["cell_id"]], "failing": failing,
+                    "classes": " ".join(classes),
+                    "accept": _metric(row, "mean_accept_length"), "cached": _metric(row, "cached_tokens_warm"),
+                    "tiers": ", ".join(f"{k} {v}" for k, v in tiers.items()) if isinstance(tiers, Mapping) else "",
+                    "engine": _metric(row, "engine_seconds"), "wall": _metric(row, "wall_seconds")})
+    return out
+
+
+def filter_css(factors: Sequence[str], levels: Mapping[str, list], oracles: Sequence[str]) -> str:
+    """CSS rules for the filter radios: a checked radio hides the rows without its class (``:has``, no script)."""
+    names = [("s", s) for s in STATUS_ORDER] + [("o", str(i)) for i in range(len(oracles))]
+    names += [("f", f"{i}-{j}") for i, f in enumerate(factors) for j in range(len(levels[f]))]
+    rules = []
+    for kind, value in names:
+        css_class = f"s-{value}" if kind == "s" else f"{kind}{value}"
+        rules.append(f"#cells:has(#flt-{css_class}:checked) tbody tr:not(.{css_class}){{display:none}}")
+    return "\n".join(rules) + "\n"
+
+
+def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = ()) -> dict:
+    """Everything the index template draws."""
+    runs = {r["run_id"]: r for r in summary.get("runs", []) if isinstance(r, Mapping) and "run_id" in r}
+    factors: list[str] = list(dict.fromkeys(f for r in rows for f in r["factors"]))
+    levels = {f: list(dict.fromkeys(r["factors"][f] for r in rows if f in r["factors"])) for f in factors}
+    oracles = sorted({n for r in rows for n in r["oracles"]}, key=oracle_order)
+    ids = anchors([r["cell_id"] for r in rows])
+    table = row_ids([r["cell_id"] for r in rows])
+    classes = analyze(rows, probes)
+    return {
+        "summary": summary, "runs": list(runs.values()), "header_fields": HEADER_FIELDS, "classes": classes,
+        "shown_findings": SHOWN_FINDINGS, "open_table_limit": OPEN_TABLE_LIMIT, "grid": grid(rows), "groups": groups(rows, runs, ids, table), "ids": ids, "rows_ids": table,
+        "probes": probes, "probes_run": sum(not (p.get("probe") or {}).get("reused") for p in probes), "factors": factors, "levels": levels, "oracles": oracles,
+        "cells": cell_rows(rows, factors, levels, oracles, ids, table),
+    }

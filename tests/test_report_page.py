@@ -1,0 +1,142 @@
+"""The report page: located combinations, evidence views, escaping of every field, a strict CSP."""
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from reports import evidence
+from reports.html import index_page
+from reports.locate import analyze
+from reports.rundata import summarize
+from tests import report_rows
+
+PAYLOAD = "<script>alert(1)</script>\"'><img src=x onerror=alert(2)>"
+
+
+@pytest.fixture(scope="module")
+def sample() -> list[dict]:
+    return report_rows.rows(400, seed=1)
+
+
+def page(rows: list[dict], runs: list[dict] | None = None, probes: list[dict] = ()) -> str:
+    runs = [report_rows.header()] if runs is None else runs
+    return index_page(rows, summarize(rows, runs, len(rows)), probes)[0]
+
+
+def test_analysis_pins_every_rule_of_the_full_product() -> None:
+    classes = {c.name: c for c in analyze(report_rows.rows())}
+    expected = {"tokens": report_rows.RULES["tokens"], "completeness": report_rows.RULES["completeness"],
+                "accept_length": report_rows.RULES["accept_length"], "error: IndexError": report_rows.RULES["error"]}
+    assert set(classes) == set(expected)
+    for name, rule in expected.items():
+        (finding,) = classes[name].findings
+        assert classes[name].pinned and finding.combination.as_dict() == {f: (v,) for f, v in rule.items()}, name
+        assert len(finding.cells) == len(classes[name].failing)
+
+
+def test_merged_levels_and_unexplained_cells() -> None:
+    rows = [{"cell_id": f"{a}-{b}", "factors": {"spec": a, "cache": b}, "status": "fail" if (a, b) in bad else "pass",
+             "oracles": {"x": {"verdict": "fail" if (a, b) in bad else "pass"}}}
+            for bad in [{("draft", "device"), ("mtp", "device")}] for a in ("none", "draft", "mtp") for b in ("off", "device")]
+    (cls,) = analyze(rows)
+    assert [f.combination.text() for f in cls.findings] == ["spec∈{draft, mtp} & cache=device"] and cls.pinned
+    rows.append({**rows[0], "cell_id": "flaky", "status": "fail", "oracles": {"x": {"verdict": "fail"}}})
+    assert analyze(rows)[0].unexplained == ["flaky"]
+
+
+def test_page_says_what_fails_at_the_top_with_anchors(sample: list[dict]) -> None:
+    html = page(sample)
+    top = html[: html.index('id="grid"')]
+    assert "error: IndexError" in top and "model=hybrid &amp; spec=mtp" in top and "pinned down" in top
+    targets = set(re.findall(r'href="#(cell-[^"]+)"', html))
+    ids = set(re.findall(r'id="(cell-[^"]+)"', html))
+    assert targets and targets <= ids
+    assert "<svg" in html and "cells fail</title>" in html  # the grid, with counts per square
+
+
+def test_evidence_views_of_each_kind(sample: list[dict]) -> None:
+    html = page(sample)
+    assert '<td class="first"><b>' in html and "<mark>" in html  # tokens aligned, first divergence marked
+    assert "accept length histogram" in html
+    assert "python -m harness run --matrix synthetic --device cpu --cell " in html
+    assert "<details><summary>raw JSON</summary>" in html
+
+
+def test_token_diff_aligns_and_marks_the_first_divergence() -> None:
+    columns = evidence.token_diff({"step": 3, "window_start": 1, "expected_tokens": [1, 2, 3, 4], "got_tokens": [1, 2, 9]})
+    assert [(c.step, c.expected, c.got, c.differs, c.first) for c in columns] == [
+        (1, 1, 1, False, False), (2, 2, 2, False, False), (3, 3, 9, True, True), (4, 4, None, True, False)]
+
+
+def test_bitwise_difference_of_two_logprobs() -> None:
+    one = 0.5
+    next_up = 0.5000000596046448  # the float32 after 0.5
+    diff = evidence.bitwise(one, next_up)
+    assert diff["width"] == 32 and diff["ulps"] == 1 and diff["bits_differ"] == 1 and diff["xor"] == "00000001"
+    assert evidence.bitwise(-0.5, "NaN")["got"]["hex"] == "nan"
+    assert evidence.bitwise([1], [2]) is None
+
+
+def test_tier_table_and_accept_bars() -> None:
+    table = evidence.tier_table({"expected_tiers": {"total": [48, 48], "host": 16, "storage": 0},
+                                 "got_tiers": {"total": 48, "device": 48, "host": 0, "storage": 0}})
+    assert [(t["tier"], t["expected"], t["got"], t["ok"]) for t in table] == [
+        ("device", 32, 48, False), ("host", 16, 0, False), ("storage", 0, 0, True), ("total", 48, 48, True)]
+    bars = evidence.accept_bars({"histogram": {"1": 30, "4": 3}, "expected_histogram": {"4": 30}})
+    assert [(b["length"], b["got_px"], b["expected_px"]) for b in bars] == [(1, 60, 0), (4, 6, 60)]
+
+
+def string_leaves(value: object, path: tuple = ()) -> Iterator[tuple]:
+    """Every place data can put a string: each value and each key that is not the schema's own (status excepted)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if path and not (len(path) == 2 and path[0] == "oracles"):
+                yield (*path, ("key", key))
+            yield from string_leaves(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from string_leaves(item, (*path, i))
+    elif isinstance(value, str) and path[-1:] not in (("status",), ("verdict",)):
+        yield path
+
+
+def poisoned(row: dict, where: tuple) -> dict:
+    row = copy.deepcopy(row)
+    *parents, last = where
+    target = row
+    for step in parents:
+        target = target[step]
+    if isinstance(last, tuple):  # a dict key
+        target[PAYLOAD + last[1]] = target.pop(last[1])
+    else:
+        target[last] = PAYLOAD
+    return row
+
+
+def test_every_field_is_escaped(sample: list[dict]) -> None:
+    """XSS: the payload in any key or string of a failing row, of a passing row or of the run header stays text."""
+    failing = next(r for r in sample if r["status"] == "fail" and "tokens" in r["oracles"]
+                   and r["oracles"]["tokens"]["verdict"] == "fail")
+    erroring = next(r for r in sample if r["status"] == "error")
+    passing = next(r for r in sample if r["status"] == "pass")
+    cases = [("row", r, w) for r in (failing, erroring, passing) for w in string_leaves(r)]
+    cases += [("header", report_rows.header(), w) for w in string_leaves(report_rows.header())]
+    assert len(cases) > 100
+    for kind, base, where in cases:
+        rows = [poisoned(r, where) if (kind == "row" and r is base) else r for r in (failing, erroring, passing)]
+        runs = [poisoned(base, where)] if kind == "header" else None
+        html = page(rows, runs, probes=[{**poisoned(failing, where), "probe": {"of": PAYLOAD, "changed": PAYLOAD}}]
+                    if kind == "row" else ())
+        assert "<script" not in html and "<img" not in html and "onerror=alert" not in html.replace("onerror=alert(2)&gt;", ""), (kind, where)
+
+
+def test_strict_content_security_policy_and_no_script(sample: list[dict]) -> None:
+    html = page(sample[:50])
+    (policy,) = re.findall(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">', html)
+    policy = policy.replace("&#39;", "'")
+    assert "default-src 'none'" in policy and "script-src" not in policy and "'unsafe-inline'" not in policy
+    assert re.search(r"style-src 'self' 'sha256-[A-Za-z0-9+/=]+'", policy)
+    assert '<link rel="stylesheet" href="report.css">' in html and "<script" not in html

@@ -1,0 +1,93 @@
+"""`harness report` merges shards, `harness compare` finds what is new, JUnit XML for CI test views."""
+from __future__ import annotations
+
+import copy
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.rows import write_lines
+from reports.compare import compare
+from tests import report_rows
+
+
+def shard_dir(root: Path, name: str, rows: list[dict], header: dict) -> Path:
+    path = root / name
+    path.mkdir(parents=True)
+    write_lines(path / "results.jsonl", [{**r, "run_id": header["run_id"]} for r in rows])
+    write_lines(path / "runs.jsonl", [header])
+    return path
+
+
+@pytest.fixture
+def rows() -> list[dict]:
+    return report_rows.rows(60, seed=3)
+
+
+def test_report_merges_shards_into_one_report(tmp_path: Path, rows: list[dict], capsys) -> None:
+    one = shard_dir(tmp_path, "s1", rows[:30], report_rows.header("r1", shard="1/2", cells_planned=30, host="gpu-a"))
+    two = shard_dir(tmp_path, "s2", rows[30:], report_rows.header("r2", shard="2/2", cells_planned=30, host="gpu-b"))
+    out = tmp_path / "merged"
+    assert main(["report", str(one), str(two), "--out", str(out), "--junit", str(out / "junit.xml")]) == 0
+    merged = (out / "results.jsonl").read_text().splitlines()
+    assert len(merged) == 60 and len((out / "runs.jsonl").read_text().splitlines()) == 2
+    html = (out / "index.html").read_text()
+    assert "gpu-a" in html and "gpu-b" in html and "60 / 60 cells" in html
+    suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
+    failing = sum(r["status"] == "fail" for r in rows)
+    assert suite.get("tests") == "60" and suite.get("failures") == str(failing)
+    assert suite.get("errors") == str(sum(r["status"] == "error" for r in rows))
+    case = suite.find(f"testcase[@name='{next(r for r in rows if r['status'] == 'fail')['cell_id']}']")
+    assert "reproduce: python -m harness run" in case.find("failure").text
+
+
+def test_report_warns_on_a_cell_in_two_shards(tmp_path: Path, rows: list[dict], capsys) -> None:
+    one = shard_dir(tmp_path, "s1", rows[:3], report_rows.header("r1"))
+    two = shard_dir(tmp_path, "s2", rows[2:5], report_rows.header("r2"))
+    assert main(["report", str(one), str(two), "--out", str(tmp_path / "m")]) == 0
+    assert f"duplicate cell {rows[2]['cell_id']}" in capsys.readouterr().err
+    assert len((tmp_path / "m" / "results.jsonl").read_text().splitlines()) == 5
+
+
+def test_report_requires_out_to_merge_and_names_a_missing_input(tmp_path: Path, capsys) -> None:
+    assert main(["report", str(tmp_path / "nope"), str(tmp_path)]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def changed(rows: list[dict]) -> tuple[list[dict], dict[str, str]]:
+    """A later run: one passing cell now fails, one failing cell passes, one cell's accept length halves."""
+    new = copy.deepcopy(rows)
+    broken = next(r for r in new if r["status"] == "pass")
+    fixed = next(r for r in new if r["status"] == "fail")
+    broken["status"], broken["oracles"]["nan"]["verdict"] = "fail", "fail"
+    fixed["status"] = "pass"
+    for verdict in fixed["oracles"].values():
+        verdict["verdict"] = "pass"
+    slower = next(r for r in new if r["metrics"]["mean_accept_length"] and r is not broken and r is not fixed)
+    slower["metrics"]["mean_accept_length"] /= 2
+    return new, {"broken": broken["cell_id"], "fixed": fixed["cell_id"], "slower": slower["cell_id"]}
+
+
+def test_compare_finds_new_fixed_still_failing_and_drift(rows: list[dict]) -> None:
+    new, cells = changed(rows)
+    result = compare(rows, new)
+    assert result.new_failures == [cells["broken"]] and result.fixed == [cells["fixed"]]
+    assert [d.cell_id for d in result.drift if d.metric == "mean_accept_length"] == [cells["slower"]]
+    still = sum(r["status"] in ("fail", "error") for r in rows) - 1
+    assert len(result.still_failing) == still and result.compared == 60
+
+
+def test_compare_command_exits_1_on_new_failures_only_and_writes_a_page(tmp_path: Path, rows: list[dict], capsys) -> None:
+    base = shard_dir(tmp_path, "base", rows, report_rows.header("b"))
+    new, cells = changed(rows)
+    newer = shard_dir(tmp_path, "new", new, report_rows.header("n"))
+    page = tmp_path / "compare.html"
+    assert main(["compare", str(base), str(newer), "--html", str(page)]) == 1
+    out = capsys.readouterr().out
+    assert f"NEW   {cells['broken']}" in out and f"FIXED {cells['fixed']}" in out and f"DRIFT {cells['slower']}" in out
+    assert cells["broken"] in page.read_text() and (tmp_path / "compare.css").exists()
+    assert main(["compare", str(newer), str(newer)]) == 0
+    assert main(["compare", str(base), str(newer), "--tolerance", "mean_accept_length=0.9"]) == 1
+    assert "metric drift past tolerance: 0" in capsys.readouterr().out
