@@ -156,16 +156,32 @@ class CellResult:
         }
 
 
+def _expected(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]:
+    """The workload's cached-token expectation for one pass of ``run``.
+
+    A cell that injects transport failures (PD) retries a request whose transfer failed, and the retry
+    may hit the pages its first attempt computed: any pass may then reach what all prompts imply. A
+    request aborted in the cold pass may have cached only part of its prompt: the warm pass must reach
+    at least what the completed requests' prompts imply.
+    """
+    if not run.cache_enabled:
+        return {r.rid: CachedExpectation(0, 0, run.page_size) for r in run.workload.requests}
+    args = dict(page_size=run.page_size, state_interval=STATE_INTERVAL, hybrid=run.hybrid,
+                chunk_size=run.chunk_size, tiers=run.tiers)
+    if not run.aborts_allowed:
+        return run.workload.expected_cached(**args, warm=name == "warm")
+    ceiling = run.workload.expected_cached(**args, warm=True)
+    completed = {o.rid for o in run.passes["cold"].outputs if o.finish_reason == "length"}
+    floor = run.workload.expected_cached(**args, warm=True, cached_from=completed) if name == "warm" else None
+    return {rid: CachedExpectation(floor[rid].lo if floor else 0, e.hi, e.page_size, None, None)
+            for rid, e in ceiling.items()}
+
+
 def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | None) -> list[PassView]:
     views = []
     for name in PASSES:
         record = run.passes[name]
-        if run.cache_enabled:
-            expected = run.workload.expected_cached(page_size=run.page_size, state_interval=STATE_INTERVAL,
-                                                    hybrid=run.hybrid, warm=name == "warm", chunk_size=run.chunk_size,
-                                                    tiers=run.tiers)
-        else:
-            expected = {r.rid: CachedExpectation(0, 0, run.page_size) for r in run.workload.requests}
+        expected = _expected(run, name)
         reference, reference_name = (run.solo, "solo") if name == "cold" else (run.passes["cold"].outputs, "cold")
         views.append(PassView(
             run.workload.name, name, record.outputs, golden.passes["cold"].outputs,

@@ -63,10 +63,10 @@ class PrefillEngine(Engine):
         self._finish(self.inflight.pop(rid))
 
     def abort(self, rid: str) -> None:
-        """The transfer failed: free the request's memory, running or parked."""
+        """The transfer failed: its computed prompt pages are still good KV, so cache them; free the rest."""
         req = self.inflight.pop(rid, None) or self.request(rid)
         if req is not None:
-            self._release(req)
+            self._finish(req)
 
 
 class KVSender:
