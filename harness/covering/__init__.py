@@ -43,8 +43,8 @@ from harness.covering.space import (
 
 __all__ = [
     "EXACT_MAX_INCIDENCES", "ILP_MAX_GAP", "ILP_NODE_LIMIT", "ILP_TIME_LIMIT_S", "MAX_ENUMERATED_ROWS", "METHODS",
-    "CoverageError", "Covering", "Forbidden", "Method", "Row", "TTuple", "allowed_tuples", "covering_array",
-    "lower_bound", "missing_tuples", "solve",
+    "CoverageError", "Covering", "Forbidden", "Method", "Row", "TTuple", "TupleSpace", "allowed_tuples",
+    "covering_array", "interactions_at", "lower_bound", "missing_tuples", "required_mask", "solve",
 ]
 
 

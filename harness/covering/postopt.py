@@ -40,6 +40,7 @@ class _Array:
             self.strides[j, :len(combo)] = np.cumprod((*dims[1:], 1)[::-1])[::-1]
         self.touching = [np.array([j for j, combo in enumerate(space.interactions) if f in combo], dtype=np.int64)
                          for f in range(k)]
+        self.touched_by: dict[tuple[int, ...], np.ndarray] = {}
         self.required_ids = np.flatnonzero(required)
         self.ids = space.ids(rows)
         self.count = np.bincount(self.ids.ravel(), minlength=space.size)
@@ -53,6 +54,12 @@ class _Array:
         padded = np.concatenate([rows, np.zeros((len(rows), 1), dtype=np.int64)], axis=1)
         picked = padded[:, self.factors[interactions]] * self.strides[interactions]
         return self.space.offsets[interactions] + picked.sum(axis=2)
+
+    def _touched(self, factors: tuple[int, ...]) -> np.ndarray:
+        """Interactions that contain any of ``factors`` (cached: the same factor sets come back)."""
+        if factors not in self.touched_by:
+            self.touched_by[factors] = np.unique(np.concatenate([self.touching[f] for f in factors]))
+        return self.touched_by[factors]
 
     def drop(self, r: int) -> None:
         """Remove row ``r``."""
@@ -78,7 +85,7 @@ class _Array:
         else:
             return  # no row may hold this tuple in place of its levels
         candidates, changed_rows = candidates[valid], changed_rows[valid]
-        touched = np.unique(np.concatenate([self.touching[f] for f in cols]))
+        touched = self._touched(tuple(cols))
         old, new = self.ids[candidates][:, touched], self.ids_at(changed_rows, touched)
         differs = old != new
         lost = (differs & (self.count[old] == 1) & self.required[old]).sum(axis=1)

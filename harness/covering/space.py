@@ -39,6 +39,9 @@ class Forbidden:
         )
         self.factors = tuple(sorted({f for clause in self.clauses for f, _ in clause}))
         self._memo: dict[tuple[int, ...], bool] = {}
+        # per clause, per named factor: a level → "at a forbidden level" table, for whole arrays of rows
+        self._tables = [[(f, np.isin(np.arange(self.domains[f]), list(levels))) for f, levels in clause]
+                        for clause in self.clauses]
 
     def __call__(self, row: Sequence[int]) -> bool:
         return not any(all(row[f] in levels for f, levels in clause) for clause in self.clauses)
@@ -79,10 +82,10 @@ class Forbidden:
     def allowed_mask(self, rows: np.ndarray) -> np.ndarray:
         """For an (n, k) array of full rows, which are allowed (vectorised over rows)."""
         ok = np.ones(len(rows), dtype=bool)
-        for clause in self.clauses:
+        for clause in self._tables:
             hit = np.ones(len(rows), dtype=bool)
-            for f, levels in clause:
-                hit &= np.isin(rows[:, f], list(levels))
+            for f, table in clause:
+                hit &= table[rows[:, f]]
             ok &= ~hit
         return ok
 
