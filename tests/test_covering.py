@@ -285,6 +285,20 @@ def test_smoke_shape_puts_triton_in_four_rows(method: covering.Method) -> None:
     assert covering.missing_tuples(rows, SMOKE, 2, smoke_allowed) == []
 
 
+@pytest.mark.parametrize(("domains", "factor", "fewest"), [
+    ([3, 3, 2, 2, 2], 4, 3),  # IPOG alone puts the dear level in 4 rows
+    (SMOKE, BACKEND, 4),  # the smoke shape built by IPOG: 5 Triton rows without the cost pass
+])
+def test_ipog_cost_pass_moves_cells_to_cheaper_levels(domains: list[int], factor: int, fewest: int) -> None:
+    allowed = covering.Forbidden(domains)
+    plain = covering.covering_array(domains, 2, allowed, method="ipog")
+    cost = dear_level(factor, 1)
+    rows = covering.covering_array(domains, 2, allowed, method="ipog", cost=cost)
+    assert len(rows) == len(plain) and sum(row[factor] == 1 for row in rows) == fewest
+    assert sum(map(cost, rows)) < sum(map(cost, plain))
+    assert not brute_tuples(brute_allowed_rows(domains, allowed), 2) - brute_tuples(rows, 2)
+
+
 @pytest.mark.parametrize("bad", [-1.0, math.inf, math.nan])
 def test_a_bad_cost_names_the_row(bad: float) -> None:
     with pytest.raises(ValueError, match=r"row cost must be finite and >= 0, got .* for row \(0, 0\)"):

@@ -11,10 +11,12 @@ rows always come back; the work is bounded by move counts, never a clock.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from harness.covering.space import RowCheck, TupleSpace
+from harness.covering.space import Row, RowCheck, TupleSpace
 
 #: moves one repair may take before the attempt to lose a row is given up, per required tuple
 #: (small spaces give up fast, where the ILP is the better tool) and at most.
@@ -85,22 +87,45 @@ class _Array:
         else:
             return  # no row may hold this tuple in place of its levels
         candidates, changed_rows = candidates[valid], changed_rows[valid]
-        touched = self._touched(tuple(cols))
-        old, new = self.ids[candidates][:, touched], self.ids_at(changed_rows, touched)
-        differs = old != new
-        lost = (differs & (self.count[old] == 1) & self.required[old]).sum(axis=1)
-        gained = (differs & (self.count[new] == 0) & self.required[new]).sum(axis=1)
-        delta = lost - gained
+        change = self.change(candidates, changed_rows, tuple(cols))
+        delta = change.lost - change.gained
         if rng.random() < NOISE:
             pick = rng.randrange(len(candidates))
         else:
             best = np.flatnonzero(delta == delta.min())
             pick = int(best[rng.randrange(len(best))])
-        r = int(candidates[pick])
-        np.subtract.at(self.count, old[pick][differs[pick]], 1)
-        np.add.at(self.count, new[pick][differs[pick]], 1)
-        self.ids[r, touched] = new[pick]
-        self.rows[r] = changed_rows[pick]
+        self.apply(change, pick)
+
+    def change(self, candidates: np.ndarray, changed_rows: np.ndarray, cols: tuple[int, ...]) -> _Change:
+        """What replacing each candidate row by its changed row (different on ``cols`` only) would do."""
+        touched = self._touched(cols)
+        old, new = self.ids[candidates][:, touched], self.ids_at(changed_rows, touched)
+        differs = old != new
+        lost = (differs & (self.count[old] == 1) & self.required[old]).sum(axis=1)
+        gained = (differs & (self.count[new] == 0) & self.required[new]).sum(axis=1)
+        return _Change(candidates, changed_rows, touched, old, new, differs, lost, gained)
+
+    def apply(self, change: _Change, pick: int) -> None:
+        """Make one of the evaluated changes."""
+        r = int(change.candidates[pick])
+        np.subtract.at(self.count, change.old[pick][change.differs[pick]], 1)
+        np.add.at(self.count, change.new[pick][change.differs[pick]], 1)
+        self.ids[r, change.touched] = change.new[pick]
+        self.rows[r] = change.rows[pick]
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """Candidate row changes with their old and new tuple ids and the required tuples each loses and gains."""
+
+    candidates: np.ndarray
+    rows: np.ndarray
+    touched: np.ndarray
+    old: np.ndarray
+    new: np.ndarray
+    differs: np.ndarray
+    lost: np.ndarray
+    gained: np.ndarray
 
 
 def reduce_rows(rows: np.ndarray, space: TupleSpace, required: np.ndarray, check: RowCheck,
@@ -124,6 +149,34 @@ def reduce_rows(rows: np.ndarray, space: TupleSpace, required: np.ndarray, check
         _drop_redundant(array)
         best = array.rows.copy()
     return best
+
+
+def cheapen_cells(rows: np.ndarray, space: TupleSpace, required: np.ndarray, check: RowCheck,
+                  cost: Callable[[Row], float], domains: tuple[int, ...]) -> np.ndarray:
+    """Lower the total cost at the same rows: move single cells to levels that make their row cheaper.
+
+    A change is taken only when the row stays allowed and no required tuple loses its last row;
+    each one strictly lowers the total cost, so the sweeps end. Rows, factors and levels are
+    visited in order (deterministic).
+    """
+    array = _Array(rows, space, required, check)
+    changed = True
+    while changed:
+        changed = False
+        for r in range(len(array.rows)):
+            for f, size in enumerate(domains):
+                options = np.repeat(array.rows[r:r + 1], size, axis=0)
+                options[:, f] = np.arange(size)
+                prices = np.array([cost(tuple(int(v) for v in row)) for row in options])
+                keep = check(options) & (prices < prices[array.rows[r, f]])
+                if not keep.any():
+                    continue
+                change = array.change(np.full(int(keep.sum()), r), options[keep], (f,))
+                safe = np.flatnonzero(change.lost == 0)
+                if len(safe):
+                    array.apply(change, int(safe[np.argmin(prices[keep][safe])]))
+                    changed = True
+    return array.rows
 
 
 def _drop_redundant(array: _Array) -> None:

@@ -51,7 +51,7 @@ def solve(domains: Sequence[int], t: int, allowed: Callable[[Row], bool], *, met
     interactions = interactions_at(len(domains), t)
     space = TupleSpace(domains, interactions)
     if method == "ipog" or (method == "auto" and _beyond_enumeration(domains, interactions, allowed)):
-        result = _ipog_covering(domains, space, allowed)
+        result = _ipog_covering(domains, space, allowed, cost)
     else:
         result = _exact_covering(domains, space, allowed, method, cost)
     rows = sorted(result.rows)
@@ -67,8 +67,9 @@ def _beyond_enumeration(domains: Sequence[int], interactions: list, allowed: Cal
     return isinstance(allowed, Forbidden) and math.prod(domains) * len(interactions) > EXACT_MAX_INCIDENCES
 
 
-def _ipog_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable[[Row], bool]) -> Covering:
-    """IPOG on the factors largest domain first, then post-optimisation; bound from the required tuples."""
+def _ipog_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable[[Row], bool],
+                   cost: Callable[[Row], float] | None) -> Covering:
+    """IPOG on the factors largest domain first, post-optimisation, the cell-wise cost pass; bound from the tuples."""
     if not isinstance(allowed, Forbidden):
         raise ValueError("IPOG needs the constraints as forbidden clauses (harness.covering.Forbidden)")
     order = sorted(range(len(domains)), key=lambda f: -domains[f])
@@ -80,8 +81,16 @@ def _ipog_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable[
     built = ipog(ordered.domains, inner.interactions, required, ordered)
     floor = inner.counting_bound(required)
     reduced = postopt.reduce_rows(built, inner, required, ordered.allowed_mask, floor)
+    how = f"IPOG ({len(built)} rows), then post-optimisation"
+    if cost is not None:
+        def inner_cost(row: Row) -> float:
+            return cost(tuple(row[back[f]] for f in range(len(domains))))
+
+        _check_costs(reduced, inner_cost)
+        reduced = postopt.cheapen_cells(reduced, inner, required, ordered.allowed_mask, inner_cost, ordered.domains)
+        how += ", cost pass"
     rows = [tuple(int(row[back[f]]) for f in range(len(domains))) for row in reduced]
-    return Covering(rows, floor, f"IPOG ({len(built)} rows), then post-optimisation")
+    return Covering(rows, floor, how)
 
 
 def _exact_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable[[Row], bool], method: Method,
@@ -119,6 +128,11 @@ def _cheapest(incidence: np.ndarray, chosen: list[int], candidates: np.ndarray, 
     costs = row_costs(candidates, cost)
     chosen = exact.cheapen(incidence, chosen, costs)
     return chosen if method == "greedy" else exact.cheapest_cover(incidence, chosen, costs)
+
+
+def _check_costs(rows: np.ndarray, cost: Callable[[Row], float]) -> None:
+    """Reject a negative or non-finite cost of an array's rows (IPOG prices rows, never the whole product)."""
+    row_costs(rows, cost)
 
 
 def row_costs(candidates: np.ndarray, cost: Callable[[Row], float]) -> np.ndarray:
