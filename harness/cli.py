@@ -71,14 +71,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"total cost {math.fsum(spec.cost_of(cell) for cell in cells):g} "
               f"([cost] per cell: sum of its levels' costs, unlisted levels 1)")
     state = "OK" if report.ok else f"MISSING {len(report.missing)}"
-    print(f"coverage t={t}: {report.covered}/{report.required} allowed {t}-tuples covered: {state}")
+    groups = "".join(f" + {s}-tuples of {', '.join(names)}" for names, s in spec.stronger)
+    print(f"coverage t={t}: {report.covered}/{report.required} allowed {t}-tuples{groups} covered: {state}")
     return 0 if report.ok else 1
 
 
 def certificate_line(cells: int, t: int, counting: int, certificate: Covering | None) -> str:
     """What ``list`` claims: the lower bound, and "optimal" only when a bound proves it."""
     bound = counting if certificate is None else max(counting, certificate.bound)
-    text = f"lower bound: {bound} cells (most allowed {t}-tuples on one set of {t} factors: {counting}"
+    text = f"lower bound: {bound} cells (most allowed tuples on one set of factors: {counting}"
     text += ")" if bound == counting else ", raised by the solver)"
     if certificate is None:
         return f"{text}; ratio {cells / bound:.2f}"

@@ -92,6 +92,8 @@ class MatrixSpec:
     timeout_s: float
     #: factor → level → relative cost of a cell at that level (``[cost]``; unlisted levels cost 1).
     cost: Mapping[str, Mapping[object, float]]
+    #: ``[[stronger]]``: factor groups covered at a higher strength inside the t-wise matrix.
+    stronger: tuple[tuple[tuple[str, ...], int], ...] = ()
 
     def allows(self, row: Mapping[str, object]) -> bool:
         """Whether no constraint forbids ``row``."""
@@ -152,7 +154,8 @@ def generate_certified(spec: MatrixSpec) -> tuple[list[Cell], covering.Covering 
     if spec.mode == "t-wise":
         assert spec.strength is not None  # load_matrix requires it for t-wise
         try:
-            result = covering.solve(_domains(spec), spec.strength, index_constraints(spec), cost=_index_cost(spec))
+            result = covering.solve(_domains(spec), spec.strength, index_constraints(spec), cost=_index_cost(spec),
+                                    stronger=stronger_groups(spec))
         except ValueError as exc:
             raise matrix_error(spec.path, "[factors]", str(exc)) from exc
         return [_cell_of_indices(spec, row) for row in result.rows], result
@@ -162,23 +165,25 @@ def generate_certified(spec: MatrixSpec) -> tuple[list[Cell], covering.Covering 
 
 
 def coverage(spec: MatrixSpec, cells: Sequence[Cell], t: int) -> CoverageReport:
-    """Count the allowed t-tuples and which of them the allowed ``cells`` cover."""
+    """Count the allowed t-tuples (and ``[[stronger]]`` groups' tuples) and which of them the allowed ``cells`` cover."""
     check_strength(spec, t, "t")
     domains, allowed = _domains(spec), index_constraints(spec)
     rows = [_indices_of(spec, cell) for cell in cells]
-    required = len(covering.allowed_tuples(domains, t, allowed))
+    stronger = stronger_groups(spec)
+    required = len(covering.allowed_tuples(domains, t, allowed, stronger))
     missing = tuple(
         tuple((spec.factors[f][0], spec.factors[f][1][level]) for f, level in ttuple)
-        for ttuple in covering.missing_tuples(rows, domains, t, allowed)
+        for ttuple in covering.missing_tuples(rows, domains, t, allowed, stronger)
     )
     return CoverageReport(strength=t, required=required, covered=required - len(missing), missing=missing)
 
 
 def lower_bound(spec: MatrixSpec, t: int) -> int:
-    """The most allowed t-tuples on one set of t factors: each cell holds one, so no t-wise matrix has fewer."""
+    """The most allowed tuples on one set of t factors (or of a ``[[stronger]]`` group's s factors): each
+    cell holds one, so no matrix covering them has fewer cells."""
     check_strength(spec, t, "t")
     domains = _domains(spec)
-    space = covering.TupleSpace(domains, covering.interactions_at(len(domains), t))
+    space = covering.TupleSpace(domains, covering.interactions(domains, t, stronger_groups(spec)))
     return space.counting_bound(covering.required_mask(space, index_constraints(spec)))
 
 
@@ -206,6 +211,12 @@ def _indices_of(spec: MatrixSpec, cell: Cell) -> tuple[int, ...]:
         return tuple(levels.index(level) for (_, levels), (_, level) in zip(spec.factors, cell.factors))
     except ValueError as exc:
         raise matrix_error(spec.path, "cell", f"{cell.cell_id} has a level outside the matrix") from exc
+
+
+def stronger_groups(spec: MatrixSpec) -> list[tuple[tuple[int, ...], int]]:
+    """``[[stronger]]`` as (factor positions, strength), the form the generator takes."""
+    positions = {factor: i for i, (factor, _) in enumerate(spec.factors)}
+    return [(tuple(positions[f] for f in names), s) for names, s in spec.stronger]
 
 
 def index_constraints(spec: MatrixSpec) -> covering.Forbidden:

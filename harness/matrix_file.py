@@ -22,9 +22,10 @@ DEFAULT_TIMEOUT_S = 600.0
 #: the largest ``[cost]`` of a level: costs are relative, and sums over thousands of cells (and the
 #: cost ILP's coefficients) stay far from overflow and from HiGHS's numeric limits.
 MAX_COST = 1e6
-_TABLES = ("matrix", "factors", "golden", "constraints", "cost")
+_TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger")
 _MATRIX_KEYS = ("name", "description", "mode", "strength", "workloads", "timeout_s")
 _CONSTRAINT_KEYS = ("forbid", "reason")
+_STRONGER_KEYS = ("factors", "strength")
 
 
 def resolve_matrix_path(name_or_path: str, matrices_dir: Path | None = None) -> Path:
@@ -59,7 +60,9 @@ def load_matrix(
     golden = _parse_golden(path, _table(path, doc, "golden", required=False), dict(factors))
     constraints = _parse_constraints(path, doc.get("constraints", []), dict(factors))
     cost = _parse_cost(path, _table(path, doc, "cost", required=False), dict(factors))
-    spec = MatrixSpec(path=path, factors=factors, constraints=constraints, golden=golden, cost=cost, **header)
+    stronger = _parse_stronger(path, doc.get("stronger", []), dict(factors), header)
+    spec = MatrixSpec(path=path, factors=factors, constraints=constraints, golden=golden, cost=cost,
+                      stronger=stronger, **header)
     if spec.strength is not None:
         check_strength(spec, spec.strength, "[matrix] strength")
     _check_golden_allowed(spec)
@@ -292,6 +295,37 @@ def _parse_cost(
             costs[by_name[name]] = float(value)
         parsed[factor] = MappingProxyType(costs)
     return MappingProxyType(parsed)
+
+
+def _parse_stronger(
+    path: Path, value: object, factors: dict[str, tuple[object, ...]], header: Mapping[str, object]
+) -> tuple[tuple[tuple[str, ...], int], ...]:
+    """Validate ``[[stronger]]``: in a t-wise matrix, distinct factors of [factors] at a strength above the matrix's."""
+    if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
+        raise matrix_error(path, "[[stronger]]", f"expected an array of tables, got {_describe(value)}")
+    groups = []
+    for i, entry in enumerate(value, start=1):
+        where = f"[[stronger]] #{i}"
+        if header["mode"] != "t-wise":
+            raise matrix_error(path, where, f"only for mode 't-wise', not {header['mode']!r}")
+        _check_keys(path, where, entry, _STRONGER_KEYS)
+        for key in _STRONGER_KEYS:
+            if key not in entry:
+                raise matrix_error(path, f"{where} {key}", "missing required key")
+        names, strength = entry["factors"], entry["strength"]
+        _typed(path, f"{where} factors", names, (list,), "a list of factor names")
+        for name in names:
+            if name not in factors:
+                raise matrix_error(path, f"{where} factors", f"{name!r} is not in [factors]")
+        if len(set(names)) != len(names):
+            raise matrix_error(path, f"{where} factors", "a factor is listed twice")
+        if isinstance(strength, bool) or not isinstance(strength, int):
+            raise matrix_error(path, f"{where} strength", f"must be an integer, got {_describe(strength)}")
+        if not header["strength"] < strength <= len(names):
+            raise matrix_error(path, f"{where} strength", f"{strength} must be above the matrix strength "
+                               f"{header['strength']} and at most the {len(names)} factors listed")
+        groups.append((tuple(names), strength))
+    return tuple(groups)
 
 
 def _check_golden_allowed(spec: MatrixSpec) -> None:

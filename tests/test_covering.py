@@ -215,6 +215,25 @@ def test_certificate_claims_optimal_only_when_proven(
     assert result.bound <= rows and (result.bound == rows) is optimal
 
 
+@pytest.mark.parametrize("method", ["auto", "ipog"])
+def test_mixed_strength_covers_a_stronger_group_inside_a_pairwise_array(method: covering.Method) -> None:
+    """Every triple of the group's levels, every pair of the rest, in fewer rows than 3-wise everywhere."""
+    domains, group = [3, 3, 2, 2, 2, 2, 2], (2, 3, 5, 6)
+    allowed = covering.Forbidden(domains, [{2: [0], 3: [1], 5: [1]}])
+    rows = covering.covering_array(domains, 2, allowed, method=method, stronger=[(group, 3)])
+    candidates = brute_allowed_rows(domains, allowed)
+    assert set(rows) <= set(candidates)
+    assert not brute_tuples(candidates, 2) - brute_tuples(rows, 2)
+    triples = {tuple((f, row[f]) for f in combo) for combo in itertools.combinations(group, 3) for row in candidates}
+    assert triples <= {tuple((f, row[f]) for f in combo) for combo in itertools.combinations(group, 3) for row in rows}
+    assert len(rows) < len(covering.covering_array(domains, 3, allowed, method=method))
+
+
+def test_a_stronger_group_outside_the_factors_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"stronger group \[1, 7\]"):
+        covering.solve([2, 2, 2], 2, covering.Forbidden([2, 2, 2]), stronger=[((1, 7), 2)])
+
+
 #: the smoke matrix's shape: model, cache, scheduler, page_size, pool, backend, spec.
 SMOKE = [2, 3, 2, 2, 2, 2, 4]
 BACKEND, PAGE_SIZE = 5, 3

@@ -35,6 +35,9 @@ reason = "example: the priority queue is only tried with a cache"
 # END
 """
 MATRIX_BLOCK = VALID[: VALID.index("[factors]")]
+#: a [[stronger]] group to append to VALID (mixed strength: three factors 3-wise inside the 2-wise matrix).
+STRONGER = '[[stronger]]\nfactors = ["cache", "scheduler", "page_size"]\nstrength = 3\n# END\n'
+
 FACTOR_LINES = VALID[VALID.index("model = ") : VALID.index("[golden]")]
 WORKLOADS = {"system_prompt", "multi_turn", "high_load"}
 
@@ -195,6 +198,19 @@ def test_golden_table_overrides_the_default(tmp_path: Path) -> None:
     assert matrix.generate(dataclasses.replace(spec, mode="ofat", strength=None))[0] == spec.golden_cell()
 
 
+def test_stronger_group_is_covered_at_its_strength(tmp_path: Path) -> None:
+    """Every allowed triple of cache × scheduler × page_size runs, and every pair of the rest."""
+    spec = load(tmp_path, VALID + STRONGER)
+    assert spec.stronger == ((("cache", "scheduler", "page_size"), 3),)
+    cells = matrix.generate(spec)
+    allowed = [row for row in every_row(spec) if spec.allows(row)]
+    group = ("cache", "scheduler", "page_size")
+    assert {tuple(row[f] for f in group) for row in allowed} <= {tuple(c.level(f) for f in group) for c in cells}
+    report = matrix.coverage(spec, cells, 2)
+    assert report.ok and report.required > matrix.coverage(load(tmp_path), cells, 2).required
+    assert matrix.lower_bound(spec, 2) == 6  # the group's allowed triples: 8 minus the 2 forbidden ones
+
+
 def test_constraint_semantics_match_allows(tmp_path: Path) -> None:
     """The index predicate the t-wise generator uses agrees with ``MatrixSpec.allows`` on every row."""
     text = VALID.replace("# END", '[[constraints]]\nforbid = { model = "hybrid", page_size = [1, 16], '
@@ -304,14 +320,23 @@ BAD = [
     ("cost negative", "# END", "[cost]\ncache = { device = -2.5 }", ["[cost] cache.device", "-2.5 is not a positive"]),
     ("cost infinite", "# END", "[cost]\ncache = { device = inf }", ["[cost] cache.device", "inf is not a positive"]),
     ("cost too large", "# END", "[cost]\ncache = { device = 1e308 }", ["[cost] cache.device", "1e+308 is too large"]),
+    ("stronger not t-wise", 'mode = "t-wise"\nstrength = 2', 'mode = "full"',
+     ["[[stronger]] #1", "only for mode 't-wise'"]),
+    ("stronger unknown factor", '"scheduler", "page_size"]', '"scheduler", "pool"]',
+     ["[[stronger]] #1 factors", "'pool' is not in [factors]"]),
+    ("stronger strength not above", "strength = 3\n# END", "strength = 2\n# END",
+     ["[[stronger]] #1 strength", "2 must be above the matrix strength 2"]),
+    ("stronger strength string", "strength = 3\n# END", 'strength = "3"\n# END',
+     ["[[stronger]] #1 strength", "must be an integer"]),
 ]
 
 
 @pytest.mark.parametrize(("old", "new", "fragments"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
 def test_bad_input_names_file_key_and_value(tmp_path: Path, old: str, new: str, fragments: list[str]) -> None:
-    assert old in VALID, "the case must change the valid file"
+    base = VALID + STRONGER if "stronger" in (old + new + " ".join(fragments)) else VALID
+    assert old in base, "the case must change the valid file"
     with pytest.raises(MatrixError) as info:
-        load(tmp_path, VALID.replace(old, new, 1))
+        load(tmp_path, base.replace(old, new, 1))
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(str(tmp_path / "matrices" / "smoke.toml") + ": ")

@@ -35,7 +35,7 @@ import numpy as np
 
 from harness.covering.exact import ILP_MAX_GAP, ILP_NODE_LIMIT, ILP_TIME_LIMIT_S
 from harness.covering.solve import (
-    EXACT_MAX_INCIDENCES, METHODS, CoverageError, Covering, Method, check_args, covering_array, solve,
+    EXACT_MAX_INCIDENCES, METHODS, CoverageError, Covering, Method, check_args, covering_array, interactions, solve,
 )
 from harness.covering.space import (
     MAX_ENUMERATED_ROWS, Forbidden, Row, TTuple, TupleSpace, interactions_at, required_mask,
@@ -44,7 +44,7 @@ from harness.covering.space import (
 __all__ = [
     "EXACT_MAX_INCIDENCES", "ILP_MAX_GAP", "ILP_NODE_LIMIT", "ILP_TIME_LIMIT_S", "MAX_ENUMERATED_ROWS", "METHODS",
     "CoverageError", "Covering", "Forbidden", "Method", "Row", "TTuple", "TupleSpace", "allowed_tuples",
-    "covering_array", "interactions_at", "lower_bound", "missing_tuples", "required_mask", "solve",
+    "covering_array", "interactions", "interactions_at", "lower_bound", "missing_tuples", "required_mask", "solve",
 ]
 
 
@@ -54,16 +54,17 @@ def lower_bound(domains: Sequence[int], t: int) -> int:
     return math.prod(sorted(domains, reverse=True)[:t])
 
 
-def allowed_tuples(domains: Sequence[int], t: int, allowed: Callable[[Row], bool]) -> list[TTuple]:
-    """Every allowed t-tuple (contained in at least one allowed row), sorted."""
-    return missing_tuples([], domains, t, allowed)
+def allowed_tuples(domains: Sequence[int], t: int, allowed: Callable[[Row], bool],
+                   stronger: Sequence[tuple[Sequence[int], int]] = ()) -> list[TTuple]:
+    """Every allowed t-tuple (contained in at least one allowed row), and the ``stronger`` groups' ones, sorted."""
+    return missing_tuples([], domains, t, allowed, stronger)
 
 
-def missing_tuples(rows: Sequence[Sequence[int]], domains: Sequence[int], t: int,
-                   allowed: Callable[[Row], bool]) -> list[TTuple]:
-    """Allowed t-tuples that no allowed row of ``rows`` contains (a forbidden row never runs)."""
+def missing_tuples(rows: Sequence[Sequence[int]], domains: Sequence[int], t: int, allowed: Callable[[Row], bool],
+                   stronger: Sequence[tuple[Sequence[int], int]] = ()) -> list[TTuple]:
+    """Allowed t-tuples (and ``stronger`` groups' tuples) no allowed row of ``rows`` contains (a forbidden row never runs)."""
     check_args(domains, t)
-    space = TupleSpace(domains, interactions_at(len(domains), t))
+    space = TupleSpace(domains, interactions(domains, t, stronger))
     runnable = [tuple(int(level) for level in row) for row in rows]
     runnable = np.array([row for row in runnable if allowed(row)], dtype=np.int64).reshape(-1, len(domains))
     covered = np.zeros(space.size, dtype=bool)

@@ -1,6 +1,7 @@
 """Which construction runs for which space, and the certificate that comes back with the rows."""
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -11,8 +12,7 @@ import numpy as np
 from harness.covering import exact, postopt
 from harness.covering.ipog import ipog
 from harness.covering.space import (
-    MAX_ENUMERATED_ROWS, Forbidden, Row, TupleSpace, enumerated_allowed_rows, interactions_at, required_mask,
-    row_check,
+    Forbidden, Interaction, Row, TupleSpace, enumerated_allowed_rows, interactions_at, required_mask, row_check,
 )
 
 Method = Literal["auto", "ilp", "greedy", "ipog"]
@@ -43,14 +43,19 @@ class Covering:
 
 
 def solve(domains: Sequence[int], t: int, allowed: Callable[[Row], bool], *, method: Method = "auto",
-          cost: Callable[[Row], float] | None = None) -> Covering:
-    """A t-wise covering array of the allowed rows, sorted, with its lower bound and how it was built."""
+          cost: Callable[[Row], float] | None = None, stronger: Sequence[tuple[Sequence[int], int]] = ()) -> Covering:
+    """A t-wise covering array of the allowed rows, sorted, with its lower bound and how it was built.
+
+    ``stronger`` asks for mixed strength: each (factors, s) also covers every allowed s-tuple of
+    those factors (a 3-wise core inside a 2-wise array); every construction takes it as more
+    interactions to cover.
+    """
     check_args(domains, t)
     if method not in METHODS:
         raise ValueError(f"unknown covering method {method!r} (methods: {', '.join(METHODS)})")
-    interactions = interactions_at(len(domains), t)
-    space = TupleSpace(domains, interactions)
-    if method == "ipog" or (method == "auto" and _beyond_enumeration(domains, interactions, allowed)):
+    combos = interactions(domains, t, stronger)
+    space = TupleSpace(domains, combos)
+    if method == "ipog" or (method == "auto" and _beyond_enumeration(domains, combos, allowed)):
         result = _ipog_covering(domains, space, allowed, cost)
     else:
         result = _exact_covering(domains, space, allowed, method, cost)
@@ -62,9 +67,24 @@ def solve(domains: Sequence[int], t: int, allowed: Callable[[Row], bool], *, met
     return Covering(rows, result.bound, result.how)
 
 
-def _beyond_enumeration(domains: Sequence[int], interactions: list, allowed: Callable[[Row], bool]) -> bool:
+def interactions(domains: Sequence[int], t: int, stronger: Sequence[tuple[Sequence[int], int]] = ()) -> list[Interaction]:
+    """Every t-subset of the factors, then each stronger group's s-subsets not already listed."""
+    combos = interactions_at(len(domains), t)
+    seen = set(combos)
+    for factors, s in stronger:
+        group = sorted(set(factors))
+        if not group or any(not 0 <= f < len(domains) for f in group) or not 1 <= s <= len(group):
+            raise ValueError(f"stronger group {list(factors)} at strength {s!r} is not s distinct factors "
+                             f"of {len(domains)} with 1 <= s <= len(group)")
+        fresh = [combo for combo in itertools.combinations(group, s) if combo not in seen]
+        combos.extend(fresh)
+        seen.update(fresh)
+    return combos
+
+
+def _beyond_enumeration(domains: Sequence[int], combos: list[Interaction], allowed: Callable[[Row], bool]) -> bool:
     """Whether ``auto`` builds with IPOG: clause constraints (or none) on a product too big to enumerate."""
-    return isinstance(allowed, Forbidden) and math.prod(domains) * len(interactions) > EXACT_MAX_INCIDENCES
+    return isinstance(allowed, Forbidden) and math.prod(domains) * len(combos) > EXACT_MAX_INCIDENCES
 
 
 def _ipog_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable[[Row], bool],
@@ -155,9 +175,10 @@ def _missing_ids(rows: Sequence[Row], space: TupleSpace, allowed: Callable[[Row]
 
 
 def covering_array(domains: Sequence[int], t: int, allowed: Callable[[Row], bool], *, method: Method = "auto",
-                   cost: Callable[[Row], float] | None = None) -> list[Row]:
+                   cost: Callable[[Row], float] | None = None,
+                   stronger: Sequence[tuple[Sequence[int], int]] = ()) -> list[Row]:
     """The rows of ``solve``: a t-wise covering array of the allowed rows, sorted."""
-    return solve(domains, t, allowed, method=method, cost=cost).rows
+    return solve(domains, t, allowed, method=method, cost=cost, stronger=stronger).rows
 
 
 def check_args(domains: Sequence[int], t: int) -> None:
