@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -104,13 +105,16 @@ def test_reference_set_reaches_lower_bound(t: int, bound: int) -> None:
     assert len(rows) == bound
 
 
-def test_reference_set_is_identical_across_processes() -> None:
-    """HiGHS must give the same rows in a fresh interpreter (no clock or thread order in the answer)."""
+@pytest.mark.parametrize(("domains", "t"), [(REFERENCE, 3), ([2] * 12, 2)], ids=["exact", "ipog"])
+def test_rows_are_identical_across_processes_and_hash_seeds(domains: list[int], t: int) -> None:
+    """HiGHS and the seeded searches give the same rows in a fresh interpreter (no clock or hash order in them)."""
+    clause = "{0: [1], 2: [1]}"
     code = ("from harness import covering; "
-            f"print(covering.covering_array({REFERENCE}, 3, lambda row: row[0] != 2 or row[2] != 3))")
+            f"print(covering.covering_array({domains}, {t}, covering.Forbidden({domains}, [{clause}])))")
     root = Path(__file__).resolve().parents[1]
-    fresh = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
-    here = covering.covering_array(REFERENCE, 3, lambda row: row[0] != 2 or row[2] != 3)
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    fresh = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True, env=env)
+    here = covering.covering_array(domains, t, covering.Forbidden(domains, [{0: [1], 2: [1]}]))
     assert fresh.stdout == f"{here}\n"
 
 
@@ -189,6 +193,12 @@ def test_ipog_with_clauses_matches_brute_force(domains: list[int], t: int, forbi
     candidates = brute_allowed_rows(domains, allowed)
     assert set(rows) <= set(candidates) and rows == sorted(set(rows))
     assert not brute_tuples(candidates, t) - brute_tuples(rows, t)
+
+
+@pytest.mark.parametrize("clause", [{3: [0]}, {0: [2]}, {0: []}])
+def test_a_clause_outside_the_domains_is_refused(clause: dict[int, list[int]]) -> None:
+    with pytest.raises(ValueError, match="clause"):
+        covering.Forbidden([2, 2, 2], [clause])
 
 
 def test_partial_rows_extend_exactly_when_some_allowed_row_agrees() -> None:

@@ -8,11 +8,12 @@ contains every allowed t-tuple.
 
 What runs (``solve``, method ``auto``):
 
-- Small spaces (the product of the domains × the t-subsets up to ``EXACT_MAX_INCIDENCES``, or
-  any opaque predicate): every allowed row is a candidate. Greedy set cover, then the local
-  search of ``postopt`` down towards the counting bound, then, when the rows are at most
-  ``ILP_MAX_GAP`` above the LP bound, a set-cover ILP over *all* candidates (HiGHS, at most
-  ``ILP_NODE_LIMIT`` nodes) asked for one row fewer: infeasible proves the rows optimal.
+- Small spaces (the product of the domains × the interactions up to ``EXACT_MAX_INCIDENCES``,
+  or any opaque predicate): every allowed row is a candidate. Greedy set cover, then the local
+  search of ``postopt`` down towards the counting bound, then the LP bound, and, when the rows
+  are at most ``ILP_MAX_GAP`` above it and the model is within ``exact.ILP_MAX_INCIDENCES``, a
+  set-cover ILP over *all* candidates (HiGHS, at most ``ILP_NODE_LIMIT`` nodes) asked for one
+  row fewer: a solution replaces the rows, infeasibility proves them optimal.
 - Larger spaces with clause constraints: IPOG (``ipog``), which never enumerates the product,
   then the same local search.
 
@@ -23,8 +24,9 @@ and the certificate says so); ``Covering.bound`` is a proven lower bound (the mo
 tuples on one t-subset, raised by the LP or ILP where they ran), so ``optimal`` is claimed
 only when the rows meet it. The row count is otherwise the best found, not a minimum.
 
-With a ``cost`` per row (small spaces only), the row count is fixed first and cost passes
-then lower the total cost at that count (see ``exact.cheapen`` and ``exact.cheapest_cover``).
+With a ``cost`` per row, the row count is fixed first and cost passes then lower the total cost
+at that count (small spaces: ``exact.cheapen`` and ``exact.cheapest_cover``; IPOG spaces:
+``postopt.cheapen_cells``). ``stronger`` groups (mixed strength) are more interactions to cover.
 """
 from __future__ import annotations
 

@@ -37,6 +37,11 @@ class Forbidden:
             tuple(sorted((int(f), frozenset(int(level) for level in levels)) for f, levels in clause.items()))
             for clause in clauses
         )
+        for clause in self.clauses:
+            if not clause or any(not 0 <= f < len(self.domains) or not levels
+                                 or not all(0 <= level < self.domains[f] for level in levels) for f, levels in clause):
+                raise ValueError(f"forbidden clause {dict(clause)} names a factor or level outside the domains "
+                                 f"{list(self.domains)}, or no level")
         self.factors = tuple(sorted({f for clause in self.clauses for f, _ in clause}))
         self._memo: dict[tuple[int, ...], bool] = {}
         # per clause, per named factor: a level → "at a forbidden level" table, for whole arrays of rows
