@@ -21,14 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from reference_impl.attention.launch_audit import LaunchGeometry
-from reference_impl.attention.triton_ops.common import INTERPRETED
+from reference_impl.attention.triton_ops.common import SHAPES, LaunchShapes
 from reference_impl.attention.triton_ops.decode import decode_attention
 from reference_impl.attention.triton_ops.extend import extend_attention
 from reference_impl.model.forward_batch import ForwardBatch
-
-#: streaming multiprocessors assumed under the interpreter, so the split heuristic behaves like a small GPU.
-INTERPRETER_CORES = 16
-
 
 class PageAlignmentError(ValueError):
     """A sequence position sits at a slot whose offset in its page differs from position % page_size."""
@@ -56,8 +52,10 @@ class TritonBackend:
     #: most decode splits per request in batch-dependent mode (--triton-attention-num-kv-splits).
     max_kv_splits = 8
 
-    def __init__(self, page_size: int, *, deterministic: bool = True, faults: frozenset[str] = frozenset()) -> None:
+    def __init__(self, page_size: int, *, deterministic: bool = True, faults: frozenset[str] = frozenset(),
+                 shapes: LaunchShapes = SHAPES) -> None:
         self.page_size = page_size
+        self.shapes = shapes
         self.deterministic = deterministic
         self.virtual_new_loc = "unified_extend_virtual_loc" in faults
         self.index_int32 = "slot_stride_int32" in faults
@@ -84,7 +82,7 @@ class TritonBackend:
             indices, kernel = self._unified_indices(batch, step), "extend_unified"
         self._record(kernel, indices, k_view)
         return extend_attention(q, k.contiguous(), v.contiguous(), k_view, v_view, step.csr, indices, max_extend,
-                                unified=self.deterministic, index_int32=self.index_int32)
+                                unified=self.deterministic, index_int32=self.index_int32, shapes=self.shapes)
 
     def _unified_indices(self, batch: ForwardBatch, step: _StepMeta) -> torch.Tensor:
         """One index list per request, prefix slots then the new tokens' ``out_cache_loc``, as SGLang builds it."""
@@ -105,13 +103,13 @@ class TritonBackend:
         split_pages = torch.tensor(per_split, dtype=torch.int32, device=q.device)
         self._record("decode_stage1", batch.kv_indices, k_view)
         return decode_attention(q, k_view, v_view, step.csr[1], batch.kv_indices, split_pages, max_splits,
-                                index_int32=self.index_int32)
+                                index_int32=self.index_int32, shapes=self.shapes)
 
     def split_pages(self, pages: list[int], *, num_kv_heads: int, device: torch.device) -> list[int]:
         """Pages per decode split for each request: a fixed tile, or a batch-dependent split count."""
         if self.deterministic:
             return [-(-self.decode_split_tile // self.page_size)] * len(pages)
-        cores = INTERPRETER_CORES if INTERPRETED else torch.cuda.get_device_properties(device).multi_processor_count
+        cores = self.shapes.kv_split_cores or torch.cuda.get_device_properties(device).multi_processor_count
         splits = min(self.max_kv_splits, max(1, cores // (len(pages) * num_kv_heads)))
         return [max(1, -(-n // splits)) for n in pages]
 

@@ -23,6 +23,7 @@ cause 2, where a large envelope stride folded into 32-bit offsets.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -36,6 +37,39 @@ INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 
 #: tokens per KV tile: whole pages when a page is at most this long.
 MIN_BLOCK_N = 64
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchShapes:
+    """How a kernel's work is cut into program instances; never what it computes.
+
+    A GPU runs program instances side by side, so SGLang's shapes favour many small ones. The
+    interpreter runs them one after another and pays per instance and per operation (each op is
+    a Python call of ~0.1 ms, whatever its tile size), not per FLOP, so it wants few, larger ones:
+
+    - ``extend_block_m``: new tokens per extend program. A row's keys are visited in the same
+      BLOCK_N tiles from position 0 whatever the block, and the tiles past the row's own position
+      are fully masked (exact no-ops: nothing added, nothing rescaled), so this does not change
+      any row's result. It is a constant, never taken from the batch.
+    - ``kv_split_cores``: the cores the batch-dependent decode split count fills (None: the GPU's
+      SM count). Only non-deterministic mode uses it; deterministic mode's split tile is fixed.
+    - ``merge_one_split``: run decode stage 2 when every request has a single split. Merging one
+      split is the identity (weight exp(0) = 1, nothing to rescale), so the interpreter copies
+      stage 1's output instead, bitwise the same.
+    """
+
+    extend_block_m: int
+    kv_split_cores: int | None
+    merge_one_split: bool
+
+
+#: compiled on a GPU: SGLang's shapes.
+COMPILED_SHAPES = LaunchShapes(extend_block_m=16, kv_split_cores=None, merge_one_split=True)
+#: under the interpreter: 2-4x fewer extend programs, at most 2 splits per small decode batch, no
+#: identity merge launch (BENCHMARKS.md, "Triton under the interpreter").
+INTERPRETER_SHAPES = LaunchShapes(extend_block_m=32, kv_split_cores=4, merge_one_split=False)
+#: the shapes of this process, chosen once with ``INTERPRETED``.
+SHAPES = INTERPRETER_SHAPES if INTERPRETED else COMPILED_SHAPES
 
 
 class TritonDeviceError(RuntimeError):

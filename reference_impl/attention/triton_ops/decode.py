@@ -14,6 +14,8 @@ import math
 import torch
 
 from reference_impl.attention.triton_ops.common import (
+    SHAPES,
+    LaunchShapes,
     attend_pages,
     block_d,
     block_n,
@@ -98,10 +100,13 @@ def decode_attention(
     max_splits: int,
     *,
     index_int32: bool,
+    shapes: LaunchShapes = SHAPES,
 ) -> torch.Tensor:
     """Decode attention (B, Hq, D) of one query per request over its paged sequence.
 
     ``split_pages[r]`` pages per split for request r; ``max_splits`` bounds the split count.
+    With one split and ``shapes.merge_one_split`` off, stage 1's output is the answer (merging a
+    single split is the identity), so stage 2 is not launched.
     """
     check_device(q, "q")
     batch, num_heads, head_dim = q.shape
@@ -117,6 +122,8 @@ def decode_attention(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_R=block_rows(group), BLOCK_D=block_d(head_dim),
         BLOCK_N=block_n(page_size), PAGE_SIZE=page_size, INDEX_INT32=index_int32,
     )
+    if max_splits == 1 and not shapes.merge_one_split:
+        return out.copy_(mid_o[:, :, 0])
     _decode_stage2[(batch,)](
         mid_o, mid_lse, out, kv_indptr, split_pages, *mid_strides, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=block_d(head_dim),

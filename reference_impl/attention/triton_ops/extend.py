@@ -1,6 +1,6 @@
 """Paged extend (prefill) attention in Triton: SGLang's two-stage kernel and its unified single-stage one.
 
-One program per (request, KV head, block of BLOCK_M new tokens); a program's rows are the
+One program per (request, KV head, block of BLOCK_M new tokens; ``LaunchShapes.extend_block_m``); a program's rows are the
 (token, query head) pairs of that KV-head group, so GQA reads each K/V tile once. The
 two-stage variant (SGLang's default path) reads the prefix K/V from the pool and the new
 tokens' K/V from the ``k``/``v`` inputs under the causal mask. The unified variant
@@ -17,6 +17,8 @@ import math
 import torch
 
 from reference_impl.attention.triton_ops.common import (
+    SHAPES,
+    LaunchShapes,
     attend_pages,
     block_d,
     block_n,
@@ -25,10 +27,6 @@ from reference_impl.attention.triton_ops.common import (
     tl,
     triton,
 )
-
-#: new tokens per program.
-BLOCK_M = 16
-
 
 @triton.jit
 def _query_rows(Q, q_start, ext_len, m_block, kv_head, stride_qt, stride_qh, offs_d, mask_d,
@@ -99,6 +97,7 @@ def extend_attention(
     *,
     unified: bool,
     index_int32: bool,
+    shapes: LaunchShapes = SHAPES,
 ) -> torch.Tensor:
     """Extend attention (T, Hq, D) of the packed new tokens ``q``; ``k``/``v`` contiguous (T, Hkv, D).
 
@@ -111,12 +110,13 @@ def extend_attention(
     page_size, num_kv_heads = k_view.shape[1], k_view.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
-    grid = (csr[0].numel() - 1, num_kv_heads, triton.cdiv(max_extend, BLOCK_M))
+    block_m = shapes.extend_block_m
+    grid = (csr[0].numel() - 1, num_kv_heads, triton.cdiv(max_extend, block_m))
     _extend[grid](
         q, k, v, out, k_view, v_view, *csr, indices, torch.arange(num_tokens, device=q.device),
         1.0 / math.sqrt(head_dim), q.stride(0), q.stride(1), k.stride(0), k.stride(1), out.stride(0), out.stride(1),
         *pool_strides(k_view, v_view),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_G=triton.next_power_of_2(group),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_G=triton.next_power_of_2(group),
         BLOCK_D=block_d(head_dim), BLOCK_N=block_n(page_size), PAGE_SIZE=page_size, INDEX_INT32=index_int32,
         UNIFIED=unified,
     )
