@@ -47,6 +47,19 @@ class Constraint:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadRule:
+    """``[[workloads]]``: cells whose every named factor is at a listed level run ``run`` instead of the default."""
+
+    when: Mapping[str, tuple[object, ...]]
+    run: tuple[str, ...]
+    reason: str
+
+    def matches(self, row: Mapping[str, object]) -> bool:
+        """Whether ``row`` (factor → level) has one of the listed levels of every factor in ``when``."""
+        return all(row[factor] in levels for factor, levels in self.when.items())
+
+
+@dataclass(frozen=True, slots=True)
 class Cell:
     """One configuration: a level for every factor of the matrix, in file order."""
 
@@ -94,6 +107,13 @@ class MatrixSpec:
     cost: Mapping[str, Mapping[object, float]]
     #: ``[[stronger]]``: factor groups covered at a higher strength inside the t-wise matrix.
     stronger: tuple[tuple[tuple[str, ...], int], ...] = ()
+    #: ``[[workloads]]``: per-cell workloads by level, first match wins; other cells run ``workloads``.
+    workload_rules: tuple[WorkloadRule, ...] = ()
+
+    def workloads_for(self, cell: Cell) -> tuple[str, ...]:
+        """The workloads ``cell`` runs: those of the first ``[[workloads]]`` entry it matches, else ``workloads``."""
+        row = cell.as_dict()
+        return next((rule.run for rule in self.workload_rules if rule.matches(row)), self.workloads)
 
     def allows(self, row: Mapping[str, object]) -> bool:
         """Whether no constraint forbids ``row``."""

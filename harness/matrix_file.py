@@ -6,6 +6,7 @@ nothing is generated or written for a file that fails.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import tomllib
 from collections.abc import Collection, Mapping, Sequence
@@ -13,8 +14,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from harness.matrix import (
-    DEFAULT_GOLDEN, MODES, Constraint, MatrixSpec, check_strength, index_constraints, level_token, matrix_error,
-    shown_path,
+    DEFAULT_GOLDEN, MODES, Constraint, MatrixSpec, WorkloadRule, check_strength, index_constraints, level_token,
+    matrix_error, shown_path,
 )
 from reference_impl.registry import COMPONENTS, UnknownLevelError, check_level, import_path, known_factors
 
@@ -22,10 +23,11 @@ DEFAULT_TIMEOUT_S = 600.0
 #: the largest ``[cost]`` of a level: costs are relative, and sums over thousands of cells (and the
 #: cost ILP's coefficients) stay far from overflow and from HiGHS's numeric limits.
 MAX_COST = 1e6
-_TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger")
+_TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger", "workloads")
 _MATRIX_KEYS = ("name", "description", "mode", "strength", "workloads", "timeout_s")
 _CONSTRAINT_KEYS = ("forbid", "reason")
 _STRONGER_KEYS = ("factors", "strength")
+_WORKLOAD_KEYS = ("when", "run", "reason")
 
 
 def resolve_matrix_path(name_or_path: str, matrices_dir: Path | None = None) -> Path:
@@ -61,12 +63,14 @@ def load_matrix(
     constraints = _parse_constraints(path, doc.get("constraints", []), dict(factors))
     cost = _parse_cost(path, _table(path, doc, "cost", required=False), dict(factors))
     stronger = _parse_stronger(path, doc.get("stronger", []), dict(factors), header)
+    rules = _parse_workload_rules(path, doc.get("workloads", []), dict(factors), known_workloads)
     spec = MatrixSpec(path=path, factors=factors, constraints=constraints, golden=golden, cost=cost,
-                      stronger=stronger, **header)
+                      stronger=stronger, workload_rules=rules, **header)
     if spec.strength is not None:
         check_strength(spec, spec.strength, "[matrix] strength")
     _check_golden_allowed(spec)
     _check_levels_reachable(spec)
+    _check_workload_rules_reachable(spec)
     return spec
 
 
@@ -141,9 +145,10 @@ def _parse_header(
             "workloads": workloads, "timeout_s": float(timeout_s)}
 
 
-def _parse_workloads(path: Path, value: object, known: Collection[str] | None) -> tuple[str, ...]:
-    """Validate ``[matrix] workloads``: distinct names, known ones when the caller says which."""
-    key = "[matrix] workloads"
+def _parse_workloads(
+    path: Path, value: object, known: Collection[str] | None, key: str = "[matrix] workloads"
+) -> tuple[str, ...]:
+    """Validate a workload list (``[matrix] workloads``, a ``run``): distinct names, known ones when the caller says which."""
     _typed(path, key, value, (list,), "a list of workload names")
     assert isinstance(value, list)
     for i, workload in enumerate(value):
@@ -246,27 +251,34 @@ def _parse_constraint(
     _typed(path, f"{where} reason", reason, (str,), "a non-empty string")
     if not reason.strip():
         raise matrix_error(path, f"{where} reason", "empty reason (say why the combination is forbidden)")
-    _typed(path, f"{where} forbid", forbid, (dict,), "a table of factor = level(s)")
-    assert isinstance(forbid, dict)
-    if not forbid:
-        raise matrix_error(path, f"{where} forbid", "empty (it would forbid every row)")
+    return Constraint(forbid=_parse_level_table(path, f"{where} forbid", forbid, factors), reason=reason)
+
+
+def _parse_level_table(
+    path: Path, key: str, value: object, factors: dict[str, tuple[object, ...]]
+) -> Mapping[str, tuple[object, ...]]:
+    """Validate a ``{ factor = level or [levels] }`` table (a constraint's ``forbid``, a workload entry's ``when``)."""
+    _typed(path, key, value, (dict,), "a table of factor = level(s)")
+    assert isinstance(value, dict)
+    if not value:
+        raise matrix_error(path, key, "empty (it would match every row)")
     parsed: dict[str, tuple[object, ...]] = {}
-    for factor, wanted in forbid.items():
-        key = f"{where} forbid.{factor}"
+    for factor, wanted in value.items():
+        where = f"{key}.{factor}"
         if factor not in factors:
-            _check_factor_name(path, key, factor)
-            raise matrix_error(path, key, f"factor {factor!r} is not in [factors]")
+            _check_factor_name(path, where, factor)
+            raise matrix_error(path, where, f"factor {factor!r} is not in [factors]")
         levels = factors[factor]
         listed = wanted if isinstance(wanted, list) else [wanted]
         if not listed:
-            raise matrix_error(path, key, "empty level list")
+            raise matrix_error(path, where, "empty level list")
         for i, level in enumerate(listed):
             if not _among(level, levels):
-                raise matrix_error(path, key, f"unknown level {level!r} (levels: {_levels_text(levels)})")
+                raise matrix_error(path, where, f"unknown level {level!r} (levels: {_levels_text(levels)})")
             if level in listed[:i]:
-                raise matrix_error(path, key, f"duplicate level {level!r}")
+                raise matrix_error(path, where, f"duplicate level {level!r}")
         parsed[factor] = tuple(listed)
-    return Constraint(forbid=MappingProxyType(parsed), reason=reason)
+    return MappingProxyType(parsed)
 
 
 def _parse_cost(
@@ -326,6 +338,47 @@ def _parse_stronger(
                                f"{header['strength']} and at most the {len(names)} factors listed")
         groups.append((tuple(names), strength))
     return tuple(groups)
+
+
+def _parse_workload_rules(
+    path: Path, value: object, factors: dict[str, tuple[object, ...]], known: Collection[str] | None
+) -> tuple[WorkloadRule, ...]:
+    """Validate ``[[workloads]]``: each entry a ``when`` level table, a non-empty ``run`` list and a reason."""
+    if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
+        raise matrix_error(path, "[[workloads]]", f"expected an array of tables, got {_describe(value)}")
+    rules = []
+    for i, entry in enumerate(value, start=1):
+        where = f"[[workloads]] #{i}"
+        _check_keys(path, where, entry, _WORKLOAD_KEYS)
+        for key in _WORKLOAD_KEYS:
+            if key not in entry:
+                raise matrix_error(path, f"{where} {key}", "missing required key")
+        _typed(path, f"{where} reason", entry["reason"], (str,), "a non-empty string")
+        if not entry["reason"].strip():
+            raise matrix_error(path, f"{where} reason", "empty reason (say what these workloads exercise)")
+        run = _parse_workloads(path, entry["run"], known, f"{where} run")
+        if not run:
+            raise matrix_error(path, f"{where} run", "empty (a cell needs at least one workload)")
+        rules.append(WorkloadRule(_parse_level_table(path, f"{where} when", entry["when"], factors), run, entry["reason"]))
+    return tuple(rules)
+
+
+def _check_workload_rules_reachable(spec: MatrixSpec) -> None:
+    """Reject a ``[[workloads]]`` entry no allowed row can match: it would silently never apply."""
+    allowed = index_constraints(spec)
+    names = [factor for factor, _ in spec.factors]
+    for number, rule in enumerate(spec.workload_rules, start=1):
+        choices = [[(names.index(f), levels.index(lv)) for lv in rule.when[f]] if f in rule.when else [None]
+                   for f, levels in spec.factors]
+        for combination in itertools.product(*choices):
+            partial = [-1] * len(names)
+            for picked in filter(None, combination):
+                partial[picked[0]] = picked[1]
+            if allowed.extendable(partial):
+                break
+        else:
+            raise matrix_error(spec.path, f"[[workloads]] #{number} when",
+                               "no allowed cell has these levels (the constraints forbid them all)")
 
 
 def _check_golden_allowed(spec: MatrixSpec) -> None:

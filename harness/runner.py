@@ -260,7 +260,7 @@ def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: G
     try:
         with deadline(spec.timeout_s):
             runs, own_runs, views = [], [], []
-            for name in spec.workloads:
+            for name in spec.workloads_for(cell):
                 workload = load_workload(name)
                 before = time.perf_counter()
                 if on_step:
@@ -281,7 +281,8 @@ def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: G
         result.metrics = {"wall_seconds": round(time.perf_counter() - started, 4)}
         return result
     result.status = "fail" if any(v.status == "fail" for v in result.oracles.values()) else "pass"
-    result.metrics = _metrics(runs, own_runs, time.perf_counter() - started, golden_seconds)
+    result.metrics = {**_metrics(runs, own_runs, time.perf_counter() - started, golden_seconds),
+                      "workloads": list(spec.workloads_for(cell))}
     return result
 
 

@@ -38,6 +38,9 @@ MATRIX_BLOCK = VALID[: VALID.index("[factors]")]
 #: a [[stronger]] group to append to VALID (mixed strength: three factors 3-wise inside the 2-wise matrix).
 STRONGER = '[[stronger]]\nfactors = ["cache", "scheduler", "page_size"]\nstrength = 3\n# END\n'
 
+#: a [[workloads]] entry to append to VALID: long pages run the cheaper workload.
+RULE = '[[workloads]]\nwhen = { page_size = 16 }\nrun = ["multi_turn"]\nreason = "the cheap one"\n# END\n'
+
 FACTOR_LINES = VALID[VALID.index("model = ") : VALID.index("[golden]")]
 WORKLOADS = {"system_prompt", "multi_turn", "high_load"}
 
@@ -328,12 +331,29 @@ BAD = [
      ["[[stronger]] #1 strength", "2 must be above the matrix strength 2"]),
     ("stronger strength string", "strength = 3\n# END", 'strength = "3"\n# END',
      ["[[stronger]] #1 strength", "must be an integer"]),
+    ("workloads not an array", "[[workloads]]", "[workloads]", ["[[workloads]]", "expected an array of tables"]),
+    ("workloads unknown key", 'reason = "the cheap one"', 'why = 1\nreason = "x"', ["[[workloads]] #1 why", "unknown key"]),
+    ("workloads missing when", "when = { page_size = 16 }\n", "", ["[[workloads]] #1 when", "missing required key"]),
+    ("workloads when unknown level", "page_size = 16 }", "page_size = 32 }",
+     ["[[workloads]] #1 when.page_size", "unknown level 32", "levels: 1, 16"]),
+    ("workloads when factor not in matrix", "when = { page_size = 16 }", 'when = { pool = "static" }',
+     ["[[workloads]] #1 when.pool", "'pool' is not in [factors]"]),
+    ("workloads when empty", "when = { page_size = 16 }", "when = {}", ["[[workloads]] #1 when", "empty"]),
+    ("workloads run unknown", 'run = ["multi_turn"]', 'run = ["nope"]', ["[[workloads]] #1 run", "'nope'", "high_load"]),
+    ("workloads run empty", 'run = ["multi_turn"]', "run = []", ["[[workloads]] #1 run", "empty"]),
+    ("workloads run duplicate", 'run = ["multi_turn"]', 'run = ["multi_turn", "multi_turn"]',
+     ["[[workloads]] #1 run", "duplicate workload 'multi_turn'"]),
+    ("workloads run not a list", 'run = ["multi_turn"]', 'run = "multi_turn"', ["[[workloads]] #1 run", "'multi_turn'"]),
+    ("workloads empty reason", 'reason = "the cheap one"', 'reason = ""', ["[[workloads]] #1 reason", "empty"]),
+    ("workloads matches no allowed cell", "when = { page_size = 16 }", 'when = { cache = "off", scheduler = "priority" }',
+     ["[[workloads]] #1 when", "no allowed cell"]),
 ]
 
 
 @pytest.mark.parametrize(("old", "new", "fragments"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
 def test_bad_input_names_file_key_and_value(tmp_path: Path, old: str, new: str, fragments: list[str]) -> None:
     base = VALID + STRONGER if "stronger" in (old + new + " ".join(fragments)) else VALID
+    base = base + RULE if "[[workloads]]" in " ".join(fragments) else base
     assert old in base, "the case must change the valid file"
     with pytest.raises(MatrixError) as info:
         load(tmp_path, base.replace(old, new, 1))
@@ -351,6 +371,16 @@ def test_message_path_is_relative_under_the_working_directory(
     monkeypatch.chdir(tmp_path)
     with pytest.raises(MatrixError, match=r"^matrices/smoke\.toml: \[matrix\] mode: unknown mode 'pairs'"):
         matrix_file.load_matrix("smoke")
+
+
+def test_first_matching_workload_entry_wins_and_other_cells_run_the_default(tmp_path: Path) -> None:
+    second = '[[workloads]]\nwhen = { page_size = [1, 16], model = "hybrid" }\nrun = ["high_load"]\nreason = "r"\n'
+    spec = load(tmp_path, VALID + RULE + second, mode="full")
+    runs = {cell.cell_id: spec.workloads_for(cell) for cell in matrix.generate(spec)}
+    assert runs["/model:hybrid/cache:off/scheduler:fcfs/page_size:16/"] == ("multi_turn",)
+    assert runs["/model:hybrid/cache:off/scheduler:fcfs/page_size:1/"] == ("high_load",)
+    assert runs["/model:dense/cache:device/scheduler:fcfs/page_size:1/"] == ("system_prompt", "multi_turn")
+    assert [c.cell_id for c in matrix.generate(spec)] == [c.cell_id for c in matrix.generate(load(tmp_path, mode="full"))]
 
 
 def test_workloads_are_free_without_a_known_set(tmp_path: Path) -> None:
