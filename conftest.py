@@ -1,6 +1,7 @@
 """Root conftest: shared fixtures. The kvmatrix plugin itself loads through its pytest11 entry point."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -9,6 +10,10 @@ import torch
 from fixtures.workloads import Workload, load_workload
 from harness.engine_setup import build_engine_config
 from reference_impl.engine.llm_engine import Engine
+
+# `harness run` in tests runs its cells one after another: pytest -n already fills the cores. The tests
+# of `-j` pass it explicitly.
+os.environ.setdefault("KVMATRIX_JOBS", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from collections import Counter
@@ -18,15 +19,18 @@ from harness.killmatrix import check_fault
 from harness.matrix import Cell, MatrixError, MatrixSpec, coverage, generate, generate_certified, lower_bound
 from harness.matrix_file import load_matrix
 from harness.junit import write_junit
+from harness.parallel import default_jobs, execute
 from harness.progress import RunProgress
 from harness.provenance import run_header
 from harness.results import ResultsStore, RunInfo
-from harness.runner import GoldenRuns, configure_torch, run_cell
+from harness.runner import CellResult, GoldenRuns, configure_torch, plan_cell
 from harness.selection import UnknownCellError, select_cells
 from reference_impl.faults import FAULTS, UnknownFaultError, check_faults
 from reports.rundata import load
 
 DEFAULT_REPORT_DIR = Path("reports/out")
+#: the default of ``-j`` when set (the test suite sets 1: pytest -n already fills the cores).
+JOBS_ENV = "KVMATRIX_JOBS"
 
 
 class UsageError(ValueError):
@@ -87,9 +91,23 @@ def certificate_line(cells: int, t: int, counting: int, certificate: Covering | 
     return f"{text}; {verdict}; built by {certificate.how}"
 
 
+def jobs_option(value: int | None) -> int:
+    """``-j``: as given, else ``$KVMATRIX_JOBS``, else the cores this process may use."""
+    if value is None:
+        env = os.environ.get(JOBS_ENV, "")
+        try:
+            value = int(env) if env else default_jobs()
+        except ValueError:
+            raise UsageError(f"{JOBS_ENV}={env!r}: expected a whole number of worker processes") from None
+    if value < 1:
+        raise UsageError(f"-j {value}: need at least 1 worker process")
+    return value
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.matrix, args.strength)
     faults = check_faults(args.inject_fault)
+    jobs = jobs_option(args.jobs)
     generated = generate(spec)
     cells = select_cells(spec, generated, args.cell) if args.cell else generated
     cells = select_shard(cells, parse_shard(args.shard) if args.shard else None)
@@ -100,21 +118,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     configure_torch()
     goldens = GoldenRuns(args.device)
     started = time.perf_counter()
+    interrupted = False
     with RunProgress(len(cells)) as progress:
         for i, cell in enumerate(cells, 1):
-            progress.cell(cell.cell_id)
             if cell.cell_id in done:
                 print(f"[{i}/{len(cells)}] {cell.cell_id}: kept from the previous run", flush=True)
                 progress.advance()
-                continue
-            result = run_cell(spec, cell, faults=faults, goldens=goldens, on_step=progress.step)
-            store.add(result)
-            progress.advance()
-            failed = [name for name, v in result.oracles.items() if v.status == "fail"]
-            note = f" ({', '.join(failed)})" if failed else (" (see error)" if result.error else "")
-            print(f"[{i}/{len(cells)}] {cell.cell_id}: {result.status}{note} "
-                  f"{result.metrics.get('wall_seconds', 0):.1f}s", flush=True)
-    store.finish()
+        try:
+            _run_cells(spec, cells, done, faults, goldens, jobs, store, progress)
+        except KeyboardInterrupt:
+            interrupted = True
+    store.finish(order=[c.cell_id for c in cells])
     ids = {c.cell_id for c in cells}
     rows = [r for r in load([store.dir]).rows if r["cell_id"] in ids]
     counts = Counter(r["status"] for r in rows)
@@ -124,7 +138,33 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_junit(Path(args.junit), rows, [header.to_json()])
         print(f"junit: {args.junit}")
     print(f"report: {store.index_path}")
+    if interrupted:
+        print(f"interrupted: {len(rows)} of {len(cells)} cells kept; --resume goes on from there", file=sys.stderr)
+        return 130
     return 1 if counts["fail"] or counts["error"] else 0
+
+
+def _run_cells(spec: MatrixSpec, cells: Sequence[Cell], done: set[str], faults: frozenset[str], goldens: GoldenRuns,
+               jobs: int, store: ResultsStore, progress: RunProgress) -> None:
+    """Run the cells not ``done``, ``jobs`` at a time (dearest first when side by side), each row stored as it ends."""
+    plans = [plan_cell(spec, cell, faults) for cell in cells]
+    todo = [i for i, cell in enumerate(cells) if cell.cell_id not in done]
+    jobs = min(jobs, len(todo))
+    if jobs > 1:
+        todo.sort(key=lambda i: -spec.cost_of(cells[i]))  # a stable sort: cell order among equals
+
+    def on_step(i: int, what: str) -> None:
+        progress.step(what, key=i, cell_id=cells[i].cell_id)
+
+    def on_result(i: int, result: CellResult) -> None:
+        store.add(result)
+        progress.advance(key=i)
+        failed = [name for name, v in result.oracles.items() if v.status == "fail"]
+        note = f" ({', '.join(failed)})" if failed else (" (see error)" if result.error else "")
+        print(f"[{i + 1}/{len(cells)}] {result.cell_id}: {result.status}{note} "
+              f"{result.metrics.get('wall_seconds', 0):.1f}s", flush=True)
+
+    execute(plans, goldens, jobs=jobs, on_step=on_step, on_result=on_result, order=todo)
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
@@ -171,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cell", action="append", default=[], metavar="ID",
                      help="run only this cell (repeatable); any allowed combination of the matrix's levels")
     run.add_argument("--junit", metavar="FILE", help="also write the cells of this run as JUnit XML (one test case per cell)")
+    run.add_argument("-j", "--jobs", type=int, metavar="N",
+                     help=f"cells side by side in N worker processes (default: ${JOBS_ENV}, else the cores this process may use)")
     kill = sub.add_parser("kill", help="inject each fault and check it fails exactly its trigger cells")
     kill.add_argument("--matrix", required=True, help="matrix name (matrices/NAME.toml) or path to a .toml file")
     kill.add_argument("--strength", type=int, help="generate a t-wise covering array of this strength")

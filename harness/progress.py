@@ -14,11 +14,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class RunProgress:
-    """Context manager: ``cell()`` when a cell starts, ``step()`` at each workload pass, ``advance()`` when it ends."""
+    """Context manager: ``cell()`` when a cell starts, ``step()`` at each workload pass, ``advance()`` when it ends.
+
+    Cells that run side by side (``harness run -j``) each pass their own ``key`` and get a line each.
+    """
 
     def __init__(self, planned: int, enabled: bool | None = None, console: Console | None = None) -> None:
         self.enabled = sys.stdout.isatty() if enabled is None else enabled
-        self._cell = ""
+        self._running: dict[object, list[str]] = {}  # key → [cell id, what it does now]
         self._progress = Progress(
             TextColumn("cells"), MofNCompleteColumn(), BarColumn(bar_width=20), TimeElapsedColumn(),
             TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}"),
@@ -33,15 +36,22 @@ class RunProgress:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._progress.stop()
 
-    def cell(self, cell_id: str) -> None:
+    def cell(self, cell_id: str, key: object = 0) -> None:
         """A cell starts."""
-        self._cell = cell_id
-        self._progress.update(self._task, description=cell_id)
+        self._running[key] = [cell_id, ""]
+        self._show()
 
-    def step(self, what: str) -> None:
-        """The current cell moves on to ``what`` (``system_prompt/warm``, ``golden burst``)."""
-        self._progress.update(self._task, description=f"{self._cell} · {what}")
+    def step(self, what: str, key: object = 0, cell_id: str = "") -> None:
+        """The cell of ``key`` (started now if ``cell()`` was not called) moves on to ``what`` (``burst/alone``)."""
+        self._running.setdefault(key, [cell_id, ""])[1] = what
+        self._show()
 
-    def advance(self) -> None:
+    def advance(self, key: object = 0) -> None:
         """A cell ended (run or kept from a previous run)."""
+        self._running.pop(key, None)
         self._progress.advance(self._task)
+        self._show()
+
+    def _show(self) -> None:
+        lines = [f"{cell} · {what}" if what else cell for cell, what in self._running.values()]
+        self._progress.update(self._task, description="\n".join(lines))

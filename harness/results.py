@@ -12,7 +12,7 @@ import fcntl
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +60,7 @@ class ResultsStore:
         self.index_path = self.dir / "index.html"
         self._last_refresh = 0.0
         self._render_seconds = 0.0
+        self._added: set[str] = set()
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -104,13 +105,35 @@ class ResultsStore:
         row["device"] = self.info.device
         with self._locked():
             self._append(self.results_path, dumps(row) + "\n")
+            self._added.add(result.cell_id)
             if time.perf_counter() - self._last_refresh >= REFRESH_RATIO * self._render_seconds:
                 self._refresh()
 
-    def finish(self) -> dict:
-        """Rebuild summary.json and index.html from the whole directory and return the summary."""
+    def finish(self, order: Sequence[str] = ()) -> dict:
+        """Rebuild summary.json and index.html from the whole directory and return the summary.
+
+        ``order``: the run's cell ids in cell order. Rows this store added in another order (cells
+        run side by side end out of order) are put back in it, in the places they hold, so the file
+        is what a serial run writes; every other row stays where it is.
+        """
         with self._locked():
+            if order and self._added:
+                self._reorder(order)
             return self._refresh()
+
+    def _reorder(self, order: Sequence[str]) -> None:
+        read = read_rows(self.results_path)
+        if read.problems:
+            return  # never rewrite a file with lines it cannot read; start() of the next run deals with them
+        rank = {cell_id: i for i, cell_id in enumerate(order)}
+        ours = [i for i, row in enumerate(read.rows) if row["cell_id"] in self._added and row["cell_id"] in rank]
+        ranked = sorted((read.rows[i] for i in ours), key=lambda row: rank[row["cell_id"]])
+        if [read.rows[i] for i in ours] == ranked:
+            return
+        rows = list(read.rows)
+        for place, row in zip(ours, ranked):
+            rows[place] = row
+        write_lines(self.results_path, rows)
 
     def _same_run(self, row: dict) -> bool:
         return (row.get("matrix") == self.info.matrix and sorted(row.get("faults", [])) == sorted(self.info.faults)

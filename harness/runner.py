@@ -117,7 +117,10 @@ def run_workload(
 
 
 class GoldenRuns:
-    """Golden runs, computed once per (golden levels, workload) on one device and reused by every cell."""
+    """Golden runs, computed once per (golden levels, workload) on one device and reused by every cell.
+
+    ``put`` hands in a run computed elsewhere (a worker process of ``harness run -j``), counted as computed.
+    """
 
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
@@ -125,14 +128,31 @@ class GoldenRuns:
         self.computed = 0
         self.reused = 0
 
+    @staticmethod
+    def key(levels: Mapping[str, object], workload: str) -> tuple:
+        """The identity of a golden run: every engine level (defaults filled in) and the workload's name."""
+        return tuple(sorted(engine_levels(levels).items(), key=lambda kv: kv[0])), workload
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self._runs
+
     def get(self, levels: Mapping[str, object], workload: Workload) -> WorkloadRun:
-        key = (tuple(sorted(engine_levels(levels).items(), key=lambda kv: kv[0])), workload.name)
+        key = self.key(levels, workload.name)
         if key in self._runs:
             self.reused += 1
         else:
             self._runs[key] = run_workload(levels, workload, frozenset(), self.device)
             self.computed += 1
         return self._runs[key]
+
+    def put(self, key: tuple, run: WorkloadRun) -> None:
+        """Keep a golden run computed elsewhere."""
+        self._runs[key] = run
+        self.computed += 1
+
+    def runs(self, keys: list[tuple]) -> dict[tuple, WorkloadRun]:
+        """The runs of ``keys``, to hand to a worker process."""
+        return {key: self._runs[key] for key in keys}
 
 
 @dataclass(slots=True)
@@ -246,27 +266,62 @@ def spec_golden_levels(levels: Mapping[str, object], golden_levels: Mapping[str,
     return {**golden_levels, "spec": full["spec"], "num_draft_tokens": full["num_draft_tokens"]}
 
 
+@dataclass(frozen=True, slots=True)
+class CellPlan:
+    """What running one cell needs, in plain picklable values (a MatrixSpec's mapping proxies do not pickle)."""
+
+    cell_id: str
+    matrix: str
+    levels: dict[str, object]
+    golden_levels: dict[str, object]
+    spec_levels: dict[str, object] | None  # the accept_length reference's levels; None without spec
+    workloads: tuple[str, ...]
+    timeout_s: float
+    faults: frozenset[str]
+
+    def golden_keys(self) -> list[tuple]:
+        """The golden runs this cell reads, one lookup each, in the order ``run_plan`` reads them."""
+        keys = []
+        for name in self.workloads:
+            keys.append(GoldenRuns.key(self.golden_levels, name))
+            if self.spec_levels is not None:
+                keys.append(GoldenRuns.key(self.spec_levels, name))
+        return keys
+
+
+def plan_cell(spec: MatrixSpec, cell: Cell, faults: frozenset[str]) -> CellPlan:
+    """The plan of ``cell``: its levels, its golden cell's, its workloads (``[[workloads]]``) and timeout."""
+    levels = cell.as_dict()
+    golden_levels = {**spec.golden, **spec.golden_of(cell).as_dict()}
+    return CellPlan(cell.cell_id, spec.name, levels, golden_levels, spec_golden_levels(levels, golden_levels),
+                    spec.workloads_for(cell), spec.timeout_s, frozenset(faults))
+
+
 def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: GoldenRuns,
              on_step: Callable[[str], None] | None = None) -> CellResult:
     """Run and judge one cell on the goldens' device; an exception or a timeout becomes ``error``."""
-    levels = cell.as_dict()
-    golden_levels = {**spec.golden, **spec.golden_of(cell).as_dict()}
-    spec_levels = spec_golden_levels(levels, golden_levels)
-    cell_is_golden = not faults and engine_levels(levels) == engine_levels(golden_levels)
-    cell_is_spec_golden = not faults and spec_levels is not None and engine_levels(levels) == engine_levels(spec_levels)
-    result = CellResult(cell.cell_id, spec.name, levels, "pass", faults=sorted(faults))
+    return run_plan(plan_cell(spec, cell, faults), goldens, on_step)
+
+
+def run_plan(plan: CellPlan, goldens: GoldenRuns, on_step: Callable[[str], None] | None = None) -> CellResult:
+    """Run and judge one planned cell; an exception or a timeout becomes ``error``."""
+    levels, faults = plan.levels, plan.faults
+    cell_is_golden = not faults and engine_levels(levels) == engine_levels(plan.golden_levels)
+    cell_is_spec_golden = (not faults and plan.spec_levels is not None
+                           and engine_levels(levels) == engine_levels(plan.spec_levels))
+    result = CellResult(plan.cell_id, plan.matrix, levels, "pass", faults=sorted(faults))
     started = time.perf_counter()
     golden_seconds = 0.0
     try:
-        with deadline(spec.timeout_s):
+        with deadline(plan.timeout_s):
             runs, own_runs, views = [], [], []
-            for name in spec.workloads_for(cell):
+            for name in plan.workloads:
                 workload = load_workload(name)
                 before = time.perf_counter()
                 if on_step:
                     on_step(f"{name}/golden")
-                golden = goldens.get(golden_levels, workload)
-                spec_golden = goldens.get(spec_levels, workload) if spec_levels else None
+                golden = goldens.get(plan.golden_levels, workload)
+                spec_golden = goldens.get(plan.spec_levels, workload) if plan.spec_levels else None
                 golden_seconds += time.perf_counter() - before
                 reuse = golden if cell_is_golden else spec_golden if cell_is_spec_golden else None
                 run = reuse or run_workload(levels, workload, faults, goldens.device, on_step)
@@ -276,13 +331,19 @@ def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: G
                 views.extend(_views(run, golden, spec_golden))
             result.oracles = judge(views)
     except Exception as exc:  # a crashing cell is a finding, not the end of the run
-        result.status = "error"
-        result.error = "".join(traceback.format_exception(exc)).strip()
-        result.metrics = {"wall_seconds": round(time.perf_counter() - started, 4)}
-        return result
+        return error_result(result, "".join(traceback.format_exception(exc)).strip(), time.perf_counter() - started)
     result.status = "fail" if any(v.status == "fail" for v in result.oracles.values()) else "pass"
     result.metrics = {**_metrics(runs, own_runs, time.perf_counter() - started, golden_seconds),
-                      "workloads": list(spec.workloads_for(cell))}
+                      "workloads": list(plan.workloads)}
+    return result
+
+
+def error_result(result: CellResult, error: str, wall: float) -> CellResult:
+    """``result`` turned into an ``error`` row carrying ``error`` (a traceback or what killed the cell)."""
+    result.status = "error"
+    result.error = error
+    result.oracles = {}
+    result.metrics = {"wall_seconds": round(wall, 4)}
     return result
 
 

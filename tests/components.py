@@ -1,6 +1,8 @@
 """User-style components plugged in by import path in test matrices (``tests.components:Name``)."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 from reference_impl.engine.scheduler import FcfsQueue
@@ -19,3 +21,18 @@ class SlowQueue(FcfsQueue):
     def admit(self, try_admit):
         time.sleep(60)
         return super().admit(try_admit)
+
+
+class DyingQueue(FcfsQueue):
+    """A scheduler whose process dies on first use (as in a segfault or the OOM killer): a worker that dies."""
+
+    def admit(self, try_admit):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class DeafQueue(FcfsQueue):
+    """A scheduler that hangs with the timeout's alarm blocked (as in a C call that never returns)."""
+
+    def admit(self, try_admit):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(600)

@@ -12,7 +12,10 @@ def drive(progress: RunProgress) -> None:
     with progress:
         progress.cell("/model:dense/cache:device/")
         progress.step("system_prompt/warm")
-        progress.advance()
+        progress.cell("/model:hybrid/cache:off/", key=1)  # a second cell side by side (harness run -j)
+        progress.step("burst/alone", key=1)
+        progress._progress.refresh()
+        progress.advance(key=1)
         progress._progress.refresh()
 
 
@@ -21,6 +24,7 @@ def test_progress_shows_counts_cell_and_pass_on_a_terminal() -> None:
     drive(RunProgress(3, enabled=True, console=Console(file=screen, force_terminal=True, width=160)))
     shown = screen.getvalue()
     assert "1/3" in shown and "/model:dense/cache:device/ · system_prompt/warm" in shown
+    assert "/model:hybrid/cache:off/ · burst/alone" in shown
     assert "0:00:0" in shown and "eta" in shown
 
 

@@ -1,0 +1,252 @@
+"""Cells side by side in worker processes (``harness run -j N``), with the same results as one after another.
+
+Golden runs first: the parent collects the golden runs (golden levels × workload) that the cells
+will read, has the workers compute each one once, keeps them, and hands every cell task the ones
+it reads; a cell never computes a golden run itself. Then the cells, dearest first (their
+``[cost]``) so that a long Triton cell does not start last; ``on_result`` hears each as it ends,
+and ``ResultsStore.finish`` puts the run's rows back in cell order.
+
+Workers are forked from a forkserver that imported torch, triton and the harness once, each with
+one torch thread; they are not daemons, so a PD ``nixl`` cell can still start its decode child
+(through a forkserver of the worker's own). A worker that dies (a segfault, the OOM killer) turns
+the cell it held into an ``error`` row and is replaced; a cell past its timeout raises in the
+worker (as in a serial run), and a worker that does not return within ``KILL_GRACE_S`` after that
+is killed and its cell becomes ``error``. Workers ignore Ctrl-C, which the parent handles: it
+stops them and raises, and every finished cell is already in results.jsonl (``--resume`` goes on
+from there). A worker whose parent is gone exits by itself.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+
+from fixtures.workloads import load_workload
+from harness.runner import (
+    CellPlan, CellResult, GoldenRuns, configure_torch, deadline, error_result, run_plan, run_workload,
+)
+
+#: seconds a worker may overrun its cell's timeout (the in-worker alarm fires first) before it is killed.
+KILL_GRACE_S = 30.0
+#: how often a worker checks that its parent is alive.
+PARENT_POLL_S = 1.0
+
+OnStep = Callable[[int, str], None]
+OnResult = Callable[[int, CellResult], None]
+
+
+def default_jobs() -> int:
+    """Worker processes by default: the cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass(slots=True)
+class _Task:
+    """One unit of work for a worker: a golden run (``index`` into the golden keys) or a cell (into the plans)."""
+
+    kind: str  # "golden" | "cell"
+    index: int
+    message: tuple
+    timeout_s: float
+
+
+def execute(plans: Sequence[CellPlan], goldens: GoldenRuns, *, jobs: int, on_step: OnStep, on_result: OnResult,
+            order: Sequence[int] | None = None) -> None:
+    """Run every plan, in-process when ``jobs`` is 1, else in ``jobs`` workers; ``on_result(i, result)`` per cell.
+
+    ``order``: the plan indices in the order to start them (default: as given).
+    """
+    order = list(order) if order is not None else list(range(len(plans)))
+    if jobs <= 1:
+        for i in order:
+            on_step(i, "starting")
+            on_result(i, run_plan(plans[i], goldens, lambda what, i=i: on_step(i, what)))
+        return
+    _Pool(jobs, goldens.device).run(plans, goldens, order, on_step, on_result)
+
+
+def _worker(conn: Connection, parent_pid: int) -> None:
+    """A worker's life: one torch thread, Ctrl-C left to the parent, tasks until told to stop or orphaned."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_torch()
+    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+    while True:
+        message = conn.recv()
+        if message is None:
+            return
+        kind, *args = message
+        send_step = lambda what: conn.send(("step", what))  # noqa: E731
+        if kind == "golden":
+            levels, workload, device, timeout_s = args
+            conn.send(("done", _golden(levels, workload, device, timeout_s)))
+        else:
+            plan, runs, device = args
+            goldens = GoldenRuns(device)
+            for key, run in runs.items():
+                goldens.put(key, run)
+            conn.send(("done", run_plan(plan, goldens, send_step)))
+
+
+def _golden(levels: dict, workload: str, device: str, timeout_s: float) -> object:
+    """A golden run, or the traceback that stopped it (the cells that need it become ``error`` rows)."""
+    try:
+        with deadline(timeout_s):
+            return run_workload(levels, load_workload(workload), frozenset(), device)
+    except Exception as exc:
+        return "".join(traceback.format_exception(exc)).strip()
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    while True:
+        time.sleep(PARENT_POLL_S)
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+
+
+class _Slot:
+    """The parent's handle on one worker process and the task it holds."""
+
+    def __init__(self, ctx: multiprocessing.context.BaseContext) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker, args=(child, os.getpid()), daemon=False)
+        self.process.start()
+        child.close()
+        self.task: _Task | None = None
+        self.started = 0.0
+
+    def give(self, task: _Task) -> None:
+        self.task, self.started = task, time.monotonic()
+        self.conn.send(task.message)
+
+    def overdue(self) -> bool:
+        return self.task is not None and time.monotonic() - self.started > self.task.timeout_s + KILL_GRACE_S
+
+    def stop(self, kill: bool = False) -> None:
+        if kill:
+            self.process.kill()
+        else:
+            try:
+                self.conn.send(None)
+            except OSError:
+                self.process.kill()
+        self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+
+
+class _Pool:
+    """``jobs`` worker processes fed one task at a time: the golden runs first, then the cells."""
+
+    def __init__(self, jobs: int, device: str) -> None:
+        self.jobs = jobs
+        self.device = device
+        self.ctx = multiprocessing.get_context("forkserver")
+        self.ctx.set_forkserver_preload(["harness.parallel"])
+        self.slots: list[_Slot] = []
+
+    def run(self, plans: Sequence[CellPlan], goldens: GoldenRuns, order: Sequence[int], on_step: OnStep,
+            on_result: OnResult) -> None:
+        keys = list(dict.fromkeys(k for i in order for k in plans[i].golden_keys() if k not in goldens))
+        lookups = sum(len(plans[i].golden_keys()) for i in order)
+        try:
+            failed = self._goldens(keys, plans, order, goldens)
+            cells = []
+            for i in order:
+                broken = next((failed[k] for k in plans[i].golden_keys() if k in failed), None)
+                if broken is not None:
+                    on_result(i, error_result(_result(plans[i]), f"golden run failed:\n{broken}", 0.0))
+                else:
+                    needed = plans[i].golden_keys()
+                    cells.append(_Task("cell", i, ("cell", plans[i], goldens.runs(needed), self.device), plans[i].timeout_s))
+            self._drain(cells, lambda task, outcome: on_result(task.index, _cell_outcome(plans[task.index], outcome)),
+                        lambda task, what: on_step(task.index, what))
+        finally:
+            for slot in self.slots:
+                slot.stop(kill=slot.task is not None)
+        goldens.reused += lookups - len(keys)
+
+    def _goldens(self, keys: list[tuple], plans: Sequence[CellPlan], order: Sequence[int],
+                 goldens: GoldenRuns) -> dict[tuple, str]:
+        """Compute each golden run once, in the workers; return the keys that failed, with why."""
+        timeout = max((plans[i].timeout_s for i in order), default=0.0)
+        tasks = [_Task("golden", n, ("golden", dict(levels), workload, self.device, timeout), timeout)
+                 for n, (levels, workload) in enumerate(keys)]
+        failed: dict[tuple, str] = {}
+
+        def done(task: _Task, outcome: object) -> None:
+            if isinstance(outcome, (str, _Died)):
+                failed[keys[task.index]] = outcome if isinstance(outcome, str) else outcome.why
+            else:
+                goldens.put(keys[task.index], outcome)
+
+        self._drain(tasks, done, lambda task, what: None)
+        return failed
+
+    def _drain(self, tasks: list[_Task], done: Callable[[_Task, object], None],
+               step: Callable[[_Task, str], None]) -> None:
+        """Hand ``tasks`` out in order, one per idle worker, until every one has an outcome."""
+        pending = list(reversed(tasks))
+        while pending or any(slot.task for slot in self.slots):
+            self._fill(pending)
+            busy = [slot for slot in self.slots if slot.task]
+            ready = wait([s.conn for s in busy] + [s.process.sentinel for s in busy], timeout=1.0)
+            for slot in busy:
+                task = slot.task
+                if slot.conn in ready:
+                    try:
+                        kind, payload = slot.conn.recv()
+                    except (EOFError, OSError):
+                        kind, payload = "died", None
+                    if kind == "step":
+                        step(task, payload)
+                        continue
+                    if kind == "done":
+                        slot.task = None
+                        done(task, payload)
+                        continue
+                if slot.process.sentinel in ready or slot.overdue():
+                    why = (f"killed: still running {KILL_GRACE_S:g} s past its timeout of {task.timeout_s:g} s"
+                           if slot.process.is_alive() else f"worker process died (exit code {slot.process.exitcode})")
+                    slot.stop(kill=True)
+                    self.slots.remove(slot)
+                    done(task, _Died(why))
+
+    def _fill(self, pending: list[_Task]) -> None:
+        """Give a task to every idle worker, starting workers (up to ``jobs``) as needed."""
+        for slot in [s for s in self.slots if s.task is None and not s.process.is_alive()]:
+            slot.stop(kill=True)  # died between tasks: replaced below
+            self.slots.remove(slot)
+        for slot in self.slots:
+            if slot.task is None and pending:
+                slot.give(pending.pop())
+        while pending and len(self.slots) < self.jobs:
+            self.slots.append(_Slot(self.ctx))
+            self.slots[-1].give(pending.pop())
+
+
+@dataclass(frozen=True, slots=True)
+class _Died:
+    """A task whose worker died or was killed: why."""
+
+    why: str
+
+
+def _result(plan: CellPlan) -> CellResult:
+    return CellResult(plan.cell_id, plan.matrix, plan.levels, "pass", faults=sorted(plan.faults))
+
+
+def _cell_outcome(plan: CellPlan, outcome: object) -> CellResult:
+    """A worker's CellResult as it is, or the ``error`` row of a cell whose worker died or was killed."""
+    if isinstance(outcome, _Died):
+        return error_result(_result(plan), f"{outcome.why} while running this cell", 0.0)
+    return outcome

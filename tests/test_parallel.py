@@ -1,0 +1,123 @@
+"""`harness run -j N`: cells side by side in worker processes give what a serial run gives, and lose nothing."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import parallel
+from harness.cli import main
+from harness.matrix import generate
+from harness.matrix_file import load_matrix
+from harness.runner import plan_cell
+
+ROOT = Path(__file__).resolve().parents[1]
+SIX = """
+[matrix]
+name = "six"
+mode = "full"
+workloads = ["pair", "system_prompt"]
+timeout_s = {timeout}
+
+[factors]
+model = ["dense", "hybrid"]
+scheduler = {schedulers}
+spec = ["none", "draft"]
+page_size = [16]
+
+[[workloads]]
+when = {{ model = "hybrid", spec = "none" }}
+run = ["pair"]
+reason = "a cell with workloads of its own"
+"""
+BURST = """
+[[workloads]]
+when = { scheduler = "priority" }
+run = ["burst"]
+reason = "the pressure under which the priority scheduler drops requests"
+"""
+TIMINGS = ("wall_seconds", "engine_seconds", "golden_seconds", "harness_seconds", "tokens_per_s")
+
+
+def write(tmp_path: Path, schedulers: str = '["fcfs", "priority"]', timeout: float = 120, more: str = "") -> Path:
+    path = tmp_path / "six.toml"
+    path.write_text(SIX.format(schedulers=schedulers, timeout=timeout) + more)
+    return path
+
+
+def rows(report: Path) -> list[dict]:
+    """results.jsonl without what differs between any two runs: run ids and timings."""
+    out = []
+    for line in (report / "results.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        row.pop("run_id")
+        row["metrics"] = {k: v for k, v in row["metrics"].items() if k not in TIMINGS}
+        out.append(row)
+    return out
+
+
+def summary(report: Path) -> dict:
+    data = json.loads((report / "summary.json").read_text())
+    return {k: v for k, v in data.items() if k not in ("wall_seconds", "runs")}
+
+
+def test_side_by_side_writes_what_a_serial_run_writes(tmp_path: Path, capsys) -> None:
+    """Same rows in the same order, same summary, same golden runs computed once each (index.html is rendered
+    from rows and summary alone). With a fault injected, so failing rows are compared too."""
+    path = write(tmp_path, more=BURST)
+    fault = ["--inject-fault", "priority_scheduler_drop"]
+    outs = {}
+    for jobs in ("1", "2"):
+        assert main(["run", "--matrix", str(path), "--report-dir", str(tmp_path / jobs), "-j", jobs, *fault]) == 1
+        outs[jobs] = [line for line in capsys.readouterr().out.splitlines() if "golden runs" in line]
+    assert rows(tmp_path / "1") == rows(tmp_path / "2")
+    assert summary(tmp_path / "1") == summary(tmp_path / "2")
+    assert summary(tmp_path / "2")["counts"] == {"pass": 5, "fail": 3, "error": 0, "skip": 0}
+    spec = load_matrix(str(path))
+    keys = [k for cell in generate(spec) for k in plan_cell(spec, cell, frozenset()).golden_keys()]
+    golden = [line.split("; ", 1)[1] for line in (outs["1"][0], outs["2"][0])]
+    assert golden[0] == golden[1] == f"golden runs {len(set(keys))} computed, {len(keys) - len(set(keys))} reused"
+    assert {r["cell_id"]: r["metrics"]["workloads"] for r in rows(tmp_path / "2")}[
+        "/model:hybrid/scheduler:fcfs/spec:none/page_size:16/"] == ["pair"]
+
+
+def test_a_dead_worker_and_a_deaf_cell_become_error_rows_and_the_run_goes_on(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(parallel, "KILL_GRACE_S", 1.0)
+    path = write(tmp_path, '["fcfs", "tests.components:DyingQueue", "tests.components:DeafQueue"]', timeout=2)
+    report = tmp_path / "out"
+    assert main(["run", "--matrix", str(path), "--report-dir", str(report), "-j", "2"]) == 1
+    got = rows(report)
+    assert [r["factors"]["scheduler"].rpartition(":")[2] for r in got[:6:2]] == ["fcfs", "DyingQueue", "DeafQueue"]
+    by = {(r["factors"]["model"], r["factors"]["scheduler"].rpartition(":")[2], r["factors"]["spec"]): r for r in got}
+    assert len(got) == 12 and all(by[(m, "fcfs", s)]["status"] == "pass" for m in ("dense", "hybrid") for s in ("none", "draft"))
+    dead = by[("dense", "DyingQueue", "none")]
+    assert dead["status"] == "error" and "worker process died (exit code -9) while running this cell" in dead["error"]
+    deaf = by[("dense", "DeafQueue", "none")]
+    assert deaf["status"] == "error" and "killed: still running 1 s past its timeout of 2 s" in deaf["error"]
+
+
+def test_ctrl_c_keeps_finished_cells_and_resume_runs_the_rest(tmp_path: Path) -> None:
+    path, report = write(tmp_path), tmp_path / "out"
+    command = [sys.executable, "-m", "harness", "run", "--matrix", str(path), "--report-dir", str(report), "-j", "2"]
+    child = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = report / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while not (results.exists() and results.read_text().count("\n") >= 2) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130 and "--resume goes on from there" in err, err
+    kept = rows(report)
+    assert 2 <= len(kept) < 8
+    done = subprocess.run([*command, "--resume"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("kept from the previous run") == len(kept)
+    assert len(rows(report)) == 8 and all(r in rows(report) for r in kept)
