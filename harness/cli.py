@@ -15,7 +15,8 @@ from pathlib import Path
 from fixtures.workloads import WORKLOADS
 from harness.commands import TriageInputError, add_triage_commands
 from harness.covering import Covering
-from harness.killmatrix import check_fault
+from harness.killmatrix import check_fault, check_fault_set
+
 from harness.matrix import Cell, MatrixError, MatrixSpec, coverage, generate, generate_certified, lower_bound
 from harness.matrix_file import load_matrix
 from harness.junit import write_junit
@@ -171,11 +172,13 @@ def cmd_kill(args: argparse.Namespace) -> int:
     """Inject each fault in turn and say whether exactly its trigger cells failed, by its oracle."""
     spec = load_spec(args.matrix, args.strength)
     names = sorted(check_faults(args.fault or list(FAULTS)))
+    jobs = jobs_option(args.jobs)
     configure_torch()
     goldens = GoldenRuns(args.device)
     exact = True
-    for name in names:
-        check = check_fault(spec, name, goldens)
+    checks = (check_fault(spec, name, goldens) for name in names) if jobs == 1 else \
+        check_fault_set(spec, names, goldens, jobs=jobs)
+    for name, check in zip(names, checks):
         exact &= check.exact
         verdict = "exact" if check.exact else "NOT EXACT"
         if not check.triggered:
@@ -218,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     kill.add_argument("--strength", type=int, help="generate a t-wise covering array of this strength")
     kill.add_argument("--fault", action="append", metavar="NAME", help="check only this fault (repeatable)")
     kill.add_argument("--device", default="cpu", help="torch device of every pool and model")
+    kill.add_argument("-j", "--jobs", type=int, metavar="N",
+                      help=f"(fault, cell) runs side by side in N worker processes (default: ${JOBS_ENV}, else the cores)")
     sub.add_parser("faults", help="list the injectable faults")
     add_triage_commands(sub)
     return parser

@@ -8,11 +8,13 @@ material of the kill matrix (fault × generation mode → detected, cells, secon
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.engine_setup import engine_levels
-from harness.matrix import MatrixSpec, generate
-from harness.runner import CellResult, GoldenRuns, run_cell
+from harness.matrix import Cell, MatrixSpec, generate
+from harness.parallel import execute
+from harness.runner import CellResult, GoldenRuns, plan_cell
 from reference_impl.faults import FAULTS
 
 
@@ -60,18 +62,44 @@ def _seen(result: CellResult, oracle: str) -> bool:
 
 def check_fault(spec: MatrixSpec, fault_name: str, goldens: GoldenRuns | None = None) -> FaultCheck:
     """Run every cell of ``spec`` with ``fault_name`` injected and sort the cells."""
-    fault = FAULTS[fault_name]
+    (check,) = check_fault_set(spec, [fault_name], goldens, jobs=1)
+    return check
+
+
+def check_fault_set(spec: MatrixSpec, fault_names: Sequence[str], goldens: GoldenRuns | None = None, *,
+                 jobs: int = 1) -> list[FaultCheck]:
+    """``check_fault`` for each fault; with ``jobs`` > 1 every (fault, cell) runs side by side in worker processes.
+
+    A check's seconds are its wall time when run alone, else the sum of its cells' wall seconds.
+    """
     goldens = goldens if goldens is not None else GoldenRuns()
-    started = time.perf_counter()
-    triggered, failed, seen = set(), set(), set()
     cells = generate(spec)
-    for cell in cells:
-        result = run_cell(spec, cell, faults=frozenset({fault_name}), goldens=goldens)
+    plans = [plan_cell(spec, cell, frozenset({name})) for name in fault_names for cell in cells]
+    results: list[CellResult | None] = [None] * len(plans)
+    started = time.perf_counter()
+
+    def keep(i: int, result: CellResult) -> None:
+        results[i] = result
+
+    execute(plans, goldens, jobs=min(jobs, len(plans)), on_step=lambda i, what: None, on_result=keep)
+    checks = []
+    for n, name in enumerate(fault_names):
+        mine = results[n * len(cells):(n + 1) * len(cells)]
+        seconds = (time.perf_counter() - started if jobs <= 1 and len(fault_names) == 1
+                   else sum(r.metrics.get("wall_seconds", 0.0) for r in mine))
+        checks.append(_sort(name, cells, mine, seconds))
+    return checks
+
+
+def _sort(fault_name: str, cells: Sequence[Cell], results: Sequence[CellResult], seconds: float) -> FaultCheck:
+    """Which cells the fault triggers, which failed, and which failed through its oracle."""
+    fault = FAULTS[fault_name]
+    triggered, failed, seen = set(), set(), set()
+    for cell, result in zip(cells, results):
         if fault.triggered_by(engine_levels(cell.as_dict())):
             triggered.add(cell.cell_id)
         if result.status in ("fail", "error"):
             failed.add(cell.cell_id)
         if _seen(result, fault.oracle):
             seen.add(cell.cell_id)
-    return FaultCheck(fault_name, len(cells), frozenset(triggered), frozenset(failed), frozenset(seen),
-                      time.perf_counter() - started)
+    return FaultCheck(fault_name, len(cells), frozenset(triggered), frozenset(failed), frozenset(seen), seconds)
