@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kvmatrix-installed
 REPORT_DIR ?= reports/out
 PYTEST_WORKERS ?= auto
 
-.PHONY: matrix test test-slow bench gpu-wheels clean
+.PHONY: matrix test bench gpu-wheels clean
 
 # NIXL (pd = nixl) goes in without its dependencies: its plain requirement pulls a CUDA torch and
 # seventeen CUDA wheels; UCX ships inside nixl-cu12, which also runs on CPU memory.
@@ -22,12 +22,9 @@ $(STAMP): pyproject.toml Makefile
 matrix: $(STAMP)
 	$(PY) -m harness run --matrix smoke --report-dir $(REPORT_DIR)
 
+# the whole suite, every test
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"
-
-# whole matrices end to end on the engine (harness locate on every registered fault; minutes, Triton under the interpreter)
-test-slow: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m slow
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -16,7 +16,6 @@ from fixtures.workloads import WORKLOADS
 from harness.commands import TriageInputError, add_triage_commands
 from harness.covering import Covering
 from harness.killmatrix import check_fault, check_fault_set
-
 from harness.matrix import Cell, MatrixError, MatrixSpec, coverage, generate, generate_certified, lower_bound
 from harness.matrix_file import load_matrix
 from harness.junit import write_junit

@@ -1,7 +1,6 @@
 """`harness locate` names each registered fault's trigger from a 3-wise run with it injected."""
 from __future__ import annotations
 
-import itertools
 import json
 import tomllib
 from collections.abc import Mapping
@@ -86,11 +85,22 @@ def fault_matrix(fault: Fault, directory: Path) -> Path:
 BYSTANDERS = {"scheduler": ["fcfs", "priority"], "poison": ["off", "on"], "backend": ["torch", "triton"]}
 
 
+@pytest.mark.parametrize("matrix", ["around_trigger", "own_matrix"])
 @pytest.mark.parametrize("name", sorted(FAULTS))
-def test_locate_names_the_trigger_of_every_registered_fault(name: str, tmp_path: Path) -> None:
-    """Each fault as its registry entry says it shows, on a 3-wise array around its trigger."""
+def test_locate_names_the_trigger_of_every_registered_fault(name: str, matrix: str, tmp_path: Path) -> None:
+    """Each fault as its registry entry says it shows, on a 3-wise array around its trigger and on its own
+    matrix's 3-wise array.
+
+    On its own matrix this stands for the real end-to-end run: tests/test_faults.py proves, on the engine,
+    that the fault fails exactly the trigger cells of the full product of that matrix through its oracle
+    (no other cell fails), and the 3-wise array and every cell ``locate`` adds (one factor changed to
+    another level of the matrix) are cells of that product, so the real rows' verdicts for the oracle are
+    these simulated ones. ``test_locate_command_runs_extra_cells_and_prints_the_combination`` runs the
+    command itself on the engine.
+    """
     fault = FAULTS[name]
-    spec = load_matrix(str(fault_matrix(fault, tmp_path)))
+    made = fault_matrix(fault, tmp_path) if matrix == "around_trigger" else three_wise(MATRIX_OF[name], fault, tmp_path)
+    spec = load_matrix(str(made))
     rows = [simulated(fault, cell) for cell in generate(spec)]
     assert any(r["status"] != "pass" for r in rows), "the 3-wise array has no trigger cell"
     result = locate(spec, rows, lambda cell: simulated(fault, cell))
@@ -130,19 +140,6 @@ def test_locate_command_runs_extra_cells_and_prints_the_combination(tmp_path: Pa
     assert "scheduler=priority" in (report / "index.html").read_text()
 
 
-def parse_combination(text: str) -> dict[str, set[str]]:
-    """``spec∈{draft, mtp} & cache=device`` → {"spec": {"draft", "mtp"}, "cache": {"device"}}."""
-    out = {}
-    for part in text.split(" & "):
-        if "∈" in part:
-            factor, levels = part.split("∈")
-            out[factor] = set(levels.strip("{}").split(", "))
-        else:
-            factor, level = part.split("=")
-            out[factor] = {level}
-    return out
-
-
 def three_wise(text: str, fault: Fault, directory: Path) -> Path:
     """A fault's own matrix (tests/test_faults.py) as a 3-wise array; a fourth varied trigger factor is
     held at a trigger level, so that the array is sure to hold a trigger cell."""
@@ -155,22 +152,3 @@ def three_wise(text: str, fault: Fault, directory: Path) -> Path:
     path = directory / "fault.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(FAULTS))
-def test_locate_names_each_fault_on_a_real_3wise_run(name: str, tmp_path: Path, capsys) -> None:
-    """End to end on the engine: each fault's own small matrix (tests/test_faults.py), 3-wise, then locate."""
-    path = three_wise(MATRIX_OF[name], FAULTS[name], tmp_path)
-    report = tmp_path / "out"
-    assert main(["run", "--matrix", str(path), "--report-dir", str(report), "--inject-fault", name]) == 1
-    capsys.readouterr()
-    assert main(["locate", str(report)]) in (0, 1)  # 1: a side effect (another oracle) left candidates
-    out = capsys.readouterr().out
-    oracle = FAULTS[name].oracle
-    block = ("\n" + out).split(f"\n{oracle}: " if oracle != "error" else "\nerror: ", 1)[1].split("\n")
-    assert "pinned down" in block[0] and "not pinned" not in block[0], out
-    lines = list(itertools.takewhile(lambda line: line.startswith("  "), block[1:]))
-    located = [line.split("located: ", 1)[1].rsplit(" (", 1)[0] for line in lines if "located: " in line]
-    trigger = trigger_in(FAULTS[name], dict(load_matrix(str(path)).factors))
-    assert [parse_combination(c) for c in located] == [{f: set(map(str, v)) for f, v in trigger.items()}], out
