@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["bench_covering.py", "bench_smoke.py", "bench_pools.py", "bench_kill.py", "bench_spec.py", "bench_tiers.py",
-              "bench_pd.py", "bench_report.py"]
+BENCHMARKS = ["bench_covering.py", "bench_first_run.py", "bench_smoke.py", "bench_kernels.py", "bench_pools.py",
+              "bench_kill.py", "bench_spec.py", "bench_tiers.py", "bench_pd.py", "bench_report.py"]
 
 
 def main() -> int:
