@@ -20,6 +20,7 @@ class Fault:
     triggers: Mapping[str, tuple[object, ...]]  # a cell is a trigger cell when every factor listed has one of these levels
     oracle: str  # the oracle that must fail on trigger cells ("error" when the cell must crash)
     doc: str
+    exception: str | None = None  # oracle "error": the exception type the crash must raise (its class name)
 
     def triggered_by(self, factors: Mapping[str, object]) -> bool:
         """Whether a cell with these factor levels exercises the broken path."""
@@ -96,6 +97,7 @@ MTP_LAYER_INDEX_OOB = Fault(
     incident="vLLM #49642: the MTP layer's index (num_layers) used on a per-layer table of length num_layers",
     triggers={"spec": ("mtp",)},
     oracle="error",
+    exception="IndexError",
     doc=(
         "Loading the MTP layer looks its layer kind up in the model's per-layer table without the bounds "
         "check: index num_layers is one past the end, an IndexError at load, so the cell is an error. "

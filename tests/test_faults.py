@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.killmatrix import check_fault
+from harness.killmatrix import _seen, check_fault, raised
 from harness.matrix_file import load_matrix
-from harness.runner import GoldenRuns
+from harness.runner import CellResult, GoldenRuns
 from reference_impl.faults import FAULTS
 
 #: pool × backend × deterministic × poison around every unified-pool and Triton fault, on the
@@ -172,3 +172,19 @@ def test_fault_fails_exactly_its_trigger_cells(fault: str, tmp_path: Path, golde
     assert not check.missed, f"{fault} went unseen on {sorted(check.missed)}"
     assert not check.spurious, f"{fault} failed cells it cannot reach: {sorted(check.spurious)}"
     assert not check.wrong_oracle, f"{fault} not seen by {FAULTS[fault].oracle} on {sorted(check.wrong_oracle)}"
+
+
+def test_an_error_fault_is_seen_only_through_the_exception_it_names() -> None:
+    fault = FAULTS["mtp_layer_index_oob"]
+    assert fault.exception == "IndexError"
+
+    def errored(last_line: str) -> CellResult:
+        trace = f"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n{last_line}"
+        return CellResult("c", "m", {}, "error", error=trace)
+
+    assert raised(errored("IndexError: tuple index out of range").error) == "IndexError"
+    assert raised(errored("reference_impl.memory.static.PoolIntegrityError: page 3 freed while not live").error) == "PoolIntegrityError"
+    assert _seen(errored("IndexError: tuple index out of range"), fault)
+    assert not _seen(errored("ValueError: MTP layer 4 must be attention"), fault)
+    assert not _seen(errored("harness.runner.CellTimeout: cell exceeded its timeout of 1 s"), fault)
+    assert not _seen(CellResult("c", "m", {}, "fail"), fault)

@@ -173,3 +173,45 @@ def test_accept_length_ignores_a_request_that_is_missing() -> None:
     views[1].spec_reference[0].accepted = [0]  # the reference's request "a" accepts nothing...
     views[1].outputs = views[1].outputs[1:]    # ...and the cell lost "a": completeness's finding
     assert ORACLES["accept_length"](views).status == "pass"
+
+
+# -- every threshold, just inside and just outside ------------------------------------------------
+
+@pytest.mark.parametrize(("margin", "status"), [(0.9e-3, "pass"), (1.1e-3, "fail")])
+def test_tie_tolerance_is_1e3_for_fp32(margin: float, status: str) -> None:
+    golden = [output("a", [1, 2, 3], margin=margin)]
+    assert ORACLES["tokens"]([view([output("a", [1, 9, 3])], golden)]).status == status
+
+
+@pytest.mark.parametrize(("delta", "status"), [(0.9e-3, "pass"), (1.1e-3, "fail")])
+def test_logprob_tolerance_is_1e3_for_fp32(delta: float, status: str) -> None:
+    outs = baseline()
+    outs[1].logprobs[2] += delta
+    assert ORACLES["logprobs"]([view(outs, baseline())]).status == status
+
+
+@pytest.mark.parametrize(("rejected", "status"), [(14, "pass"), (16, "fail")])
+def test_accept_tolerance_is_a_ten_percent_drop(rejected: int, status: str) -> None:
+    """100 steps of mean 3.0; each fully rejected step costs 0.02: 14 of them is a 9.3% drop, 16 a 10.7% one."""
+    warm = [0] * rejected + [2] * (100 - rejected)
+    assert ORACLES["accept_length"](accept_views(cold=[2] * 100, warm=warm, golden=[2] * 100)).status == status
+
+
+@pytest.mark.parametrize(("accepted", "status"), [(3, "pass"), (4, "fail")])
+def test_accept_length_may_reach_k_plus_one_not_more(accepted: int, status: str) -> None:
+    views = accept_views(cold=[3], warm=[accepted], golden=[3], max_accept=4)
+    views[1].outputs[0].drafted = views[1].outputs[1].drafted = [4]
+    assert ORACLES["accept_length"](views).status == status
+
+
+@pytest.mark.parametrize("what", ["token", "logprob", "margin", "top_logprobs"])
+@pytest.mark.parametrize("against", ["solo", "cold"])
+def test_batch_invariance_compares_every_field_against_both_references(what: str, against: str) -> None:
+    outs = baseline()
+    if what == "top_logprobs":
+        outs[0].top_logprobs[1] = [outs[0].top_logprobs[1][0] + 2**-30]
+    else:
+        field = {"token": "tokens", "logprob": "logprobs", "margin": "margins"}[what]
+        getattr(outs[0], field)[1] += 1 if what == "token" else 2**-30
+    v = ORACLES["batch_invariance"]([view(outs, deterministic=True, reference=baseline(), reference_name=against)])
+    assert v.status == "fail" and (v.detail[0]["what"], v.detail[0]["against"], v.detail[0]["step"]) == (what, against, 1)
