@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from fixtures.spec_expect import accept_band
 from fixtures.workloads import CachedExpectation, Workload, load_workload
 from harness.engine_setup import STATE_INTERVAL, build_engine_config, engine_levels, make_engine
 from harness.matrix import Cell, MatrixSpec
@@ -53,6 +54,7 @@ class PassRecord:
     outputs: list[RequestOutput]
     nan_events: list
     audit: list[str]
+    counters: dict[str, int] = field(default_factory=dict)  # the engine's decode counters over this pass alone
 
 
 @dataclass(slots=True)
@@ -74,6 +76,8 @@ class WorkloadRun:
     tiers: tuple[str, ...] = ()  # the cache's tiers below L1 ("host", "storage")
     pd: dict | None = None       # PD cells: what crossed between the engines (DisaggEngine.counters)
     aborts_allowed: bool = False  # PD cells that inject transport failures may report requests aborted
+    spec: str = "none"            # the proposer level
+    model: str = ""               # the model level (names the accept band)
 
 
 def run_workload(
@@ -93,9 +97,9 @@ def run_workload(
         passes = {}
         for name in PASSES:
             step(f"{workload.name}/{name}")
-            seen = len(engine.nan_events)
+            seen, before = len(engine.nan_events), replace(engine.stats)
             outputs = engine.generate(workload.requests)
-            passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit())
+            passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit(), _counted(before, engine.stats))
         stats, tiers = engine.stats, engine.cache.lower_tiers
         pd = engine.counters() if isinstance(engine, DisaggEngine) else None
     finally:
@@ -113,7 +117,18 @@ def run_workload(
         tiers,
         pd,
         config.pd_fail_rate > 0,
+        str(engine_levels(levels)["spec"]),
+        config.model.name,
     )
+
+
+#: the EngineStats counters the accept_length oracle recounts the accept accounting from.
+DECODE_COUNTERS = ("decode_forwards", "emitted_tokens", "verify_steps", "verify_emitted")
+
+
+def _counted(before: EngineStats, after: EngineStats) -> dict[str, int]:
+    """What the engine counted between two snapshots of its stats."""
+    return {name: getattr(after, name) - getattr(before, name) for name in DECODE_COUNTERS}
 
 
 class GoldenRuns:
@@ -172,7 +187,8 @@ def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | Non
             {r.rid: r.max_new_tokens for r in run.workload.requests}, expected,
             record.nan_events, record.audit, run.dtype, run.deterministic, run.hybrid, reference, reference_name,
             spec_golden.passes["cold"].outputs if spec_golden else None, run.num_draft_tokens + 1,
-            run.aborts_allowed,
+            run.aborts_allowed, run.spec, {r.rid: r.prompt for r in run.workload.requests},
+            accept_band(run.workload.name, run.model, run.spec, run.num_draft_tokens), record.counters or None,
         ))
     return views
 

@@ -215,3 +215,49 @@ def test_batch_invariance_compares_every_field_against_both_references(what: str
         getattr(outs[0], field)[1] += 1 if what == "token" else 2**-30
     v = ORACLES["batch_invariance"]([view(outs, deterministic=True, reference=baseline(), reference_name=against)])
     assert v.status == "fail" and (v.detail[0]["what"], v.detail[0]["against"], v.detail[0]["step"]) == (what, against, 1)
+
+
+# -- accept_length against what does not come from the same proposer ---------------------------------
+
+def spec_view(accepted: list[int], drafted: list[int], tokens: list[int], prompt: tuple[int, ...], spec: str,
+              **changes) -> PassView:
+    out = output("a", tokens)
+    out.accepted, out.drafted = list(accepted), list(drafted)
+    base = dict(spec_reference=[copy.deepcopy(out)], max_accept_length=4, spec=spec, prompts={"a": prompt},
+                requested={"a": len(tokens)})
+    return view([out], **{**base, **changes})
+
+
+def test_ngram_steps_must_replay_prompt_lookup_over_the_requests_own_tokens() -> None:
+    prompt, tokens = (1, 2, 3, 4, 1, 2), [3, 4, 1, 9, 9, 9]
+    # after [.., 1, 2, 3] lookup proposes 4, 1, 2: "4, 1" accepted, "2" rejected (9 followed); 9 never occurred
+    # before, so the next step drafts nothing, and the last has no room
+    good = ORACLES["accept_length"]([spec_view([2, 0, 0], [3, 0, 0], tokens, prompt, "ngram")])
+    assert good.status == "pass", good.message
+    never = ORACLES["accept_length"]([spec_view([0, 0, 0, 0, 0], [0, 0, 0, 0, 0], tokens, prompt, "ngram")])
+    assert never.status == "fail" and never.detail[0]["check"] == "trace" and never.detail[0]["step"] == 0
+
+
+def test_a_draft_model_drafts_k_tokens_until_the_end_of_the_request() -> None:
+    tokens = [5, 6, 7, 8, 9, 10, 11]  # 1 from prefill, 3 drafts + bonus, then room for 1 draft, then none
+    assert ORACLES["accept_length"]([spec_view([3, 0, 0], [3, 1, 0], tokens, (1,), "draft")]).status == "pass"
+    short = ORACLES["accept_length"]([spec_view([2, 0, 0, 0], [2, 2, 1, 0], tokens, (1,), "draft")])
+    assert short.status == "fail" and short.detail[0]["check"] == "trace"
+
+
+def test_the_accept_accounting_must_agree_with_the_engines_counters() -> None:
+    counters = {"decode_forwards": 3, "emitted_tokens": 6, "verify_steps": 2, "verify_emitted": 5}
+    tokens = [5, 6, 7, 8, 9, 10, 11]
+    assert ORACLES["accept_length"]([spec_view([3, 0, 0], [3, 1, 0], tokens, (1,), "draft", counters=counters)]).status == "pass"
+    off = ORACLES["accept_length"]([spec_view([3, 0, 0], [3, 1, 0], tokens, (1,), "draft",
+                                              counters={**counters, "verify_emitted": 4})])
+    assert off.status == "fail" and off.detail[0]["check"] == "recount" and off.detail[0]["what"] == "tokens emitted by verify steps"
+
+
+@pytest.mark.parametrize(("band", "status"), [((2.4, 2.6), "pass"), ((2.6, 3.0), "fail"), ((1.0, 2.4), "fail")])
+def test_the_mean_accept_length_must_sit_in_the_workloads_measured_band(band: tuple[float, float], status: str) -> None:
+    tokens = [5, 6, 7, 8, 9, 10, 11]  # verify steps emit 4 and 1: mean 2.5, whatever the golden run did
+    verdict = ORACLES["accept_length"]([spec_view([3, 0, 0], [3, 1, 0], tokens, (1,), "draft", accept_band=band)])
+    assert verdict.status == status
+    if status == "fail":
+        assert verdict.detail[0]["check"] == "band" and verdict.detail[0]["got"] == 2.5

@@ -32,6 +32,8 @@ class EngineStats:
     decode_tokens: int = 0
     decode_forwards: int = 0      # request-steps of decode (plain or verify) target forwards
     emitted_tokens: int = 0       # tokens those decode passes emitted
+    verify_steps: int = 0         # of the decode request-steps, those that verified at least one draft token
+    verify_emitted: int = 0       # tokens those verify steps emitted (counted from the outputs, not the accept lists)
     preemptions: int = 0
     draft_full_hits: int = 0      # prefix hits that restored the draft state with the target's K/V
     draft_partial_hits: int = 0   # prefix hits with the target's K/V but without the draft state
@@ -198,6 +200,9 @@ class Engine:
             self.stats.decode_tokens += tokens
             self.stats.decode_forwards += len(chunks)
             self.stats.emitted_tokens += sum(len(c.req.output.tokens) - before[c.req] for c in chunks)
+            verified = [c for c in chunks if c.draft]
+            self.stats.verify_steps += len(verified)
+            self.stats.verify_emitted += sum(len(c.req.output.tokens) - before[c.req] for c in verified)
             if self.proposer.speculative:
                 self._settle_verify(chunks, before)
         else:
