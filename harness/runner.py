@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import signal
+import tempfile
 import threading
 import time
 import traceback
@@ -18,6 +19,8 @@ from harness.engine_setup import STATE_INTERVAL, build_engine_config, engine_lev
 from harness.matrix import Cell, MatrixSpec
 from harness.oracles import PASSES, PassView, Verdict, judge
 from reference_impl.cache.radix import NoCache
+from reference_impl.cache.stores import FileStore
+from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine, EngineStats
 from reference_impl.pd.disagg import DisaggEngine
 from reference_impl.request import TIERS, RequestOutput
@@ -92,18 +95,16 @@ def run_workload(
     # A store namespace of its own: a shared Redis must not carry one run's prefixes into another's cold pass.
     config = replace(build_engine_config(levels, workload, faults, device), tenant=f"run-{uuid.uuid4().hex}")
     started = time.perf_counter()
-    engine = make_engine(config)
-    try:
-        passes = {}
-        for name in PASSES:
-            step(f"{workload.name}/{name}")
-            seen, before = len(engine.nan_events), replace(engine.stats)
-            outputs = engine.generate(workload.requests)
-            passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit(), _counted(before, engine.stats))
-        stats, tiers = engine.stats, engine.cache.lower_tiers
-        pd = engine.counters() if isinstance(engine, DisaggEngine) else None
-    finally:
-        engine.close()
+    with _store_for(config, workload) as config:
+        engine = make_engine(config)
+        try:
+            passes = {name: _serve(engine, workload, name, step) for name in PASSES}
+            stats, tiers = engine.stats, engine.cache.lower_tiers
+            pd = engine.counters() if isinstance(engine, DisaggEngine) else None
+        finally:
+            engine.close()
+        if workload.isolation and "storage" in tiers:
+            passes.update(_isolation_passes(config, workload, step))
     solo = None
     if config.deterministic:
         step(f"{workload.name}/alone")
@@ -120,6 +121,41 @@ def run_workload(
         str(engine_levels(levels)["spec"]),
         config.model.name,
     )
+
+
+def _serve(engine: Engine | DisaggEngine, workload: Workload, name: str, step: Callable[[str], None]) -> PassRecord:
+    """One pass of ``workload``: its rounds one after the other, then the idle engine's audit."""
+    step(f"{workload.name}/{name}")
+    seen, before = len(engine.nan_events), replace(engine.stats)
+    outputs = [out for group in workload.rounds() for out in engine.generate(group)]
+    return PassRecord(outputs, engine.nan_events[seen:], engine.audit(), _counted(before, engine.stats))
+
+
+@contextmanager
+def _store_for(config: EngineConfig, workload: Workload) -> Iterator[EngineConfig]:
+    """The cell's config; for an isolation workload on the file store, one directory every engine of the run shares."""
+    if not workload.isolation or config.store_location is not None or config.store is not FileStore:
+        yield config
+        return
+    with tempfile.TemporaryDirectory(prefix="kvmatrix-shared-store-") as location:
+        yield replace(config, store_location=location)
+
+
+#: extra passes of an isolation workload in a storage cell: (pass, tenant suffix) on the cell's store.
+ISOLATION_PASSES = (("tenant", "-other"), ("instance", ""))
+
+
+def _isolation_passes(config: EngineConfig, workload: Workload, step: Callable[[str], None]) -> dict[str, PassRecord]:
+    """The prompts again on the same store: from a second tenant (must hit nothing), then from a second
+    engine of the cell's tenant, with an empty L1 and L2 (must hit everything the store holds)."""
+    passes = {}
+    for name, suffix in ISOLATION_PASSES:
+        engine = make_engine(replace(config, tenant=config.tenant + suffix))
+        try:
+            passes[name] = _serve(engine, workload, name, step)
+        finally:
+            engine.close()
+    return passes
 
 
 #: the EngineStats counters the accept_length oracle recounts the accept accounting from.
@@ -171,20 +207,25 @@ class CellResult:
         }
 
 
+def _expected(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]:
+    """What each request of pass ``name`` must hit: the workload's cold or warm bounds; an isolation workload's
+    second tenant nothing at all, its second engine what the warm pass hits (from any tier)."""
+    if not run.cache_enabled or name == "tenant":
+        return {r.rid: CachedExpectation(0, 0, run.page_size) for r in run.workload.requests}
+    expected = run.workload.expected_cached(page_size=run.page_size, state_interval=STATE_INTERVAL, hybrid=run.hybrid,
+                                            warm=name != "cold", chunk_size=run.chunk_size, tiers=run.tiers)
+    if name == "instance":
+        return {rid: replace(e, host=None, storage=None) for rid, e in expected.items()}
+    return expected
+
+
 def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | None) -> list[PassView]:
     views = []
-    for name in PASSES:
-        record = run.passes[name]
-        if run.cache_enabled:
-            expected = run.workload.expected_cached(page_size=run.page_size, state_interval=STATE_INTERVAL,
-                                                    hybrid=run.hybrid, warm=name == "warm", chunk_size=run.chunk_size,
-                                                    tiers=run.tiers)
-        else:
-            expected = {r.rid: CachedExpectation(0, 0, run.page_size) for r in run.workload.requests}
+    for name, record in run.passes.items():
         reference, reference_name = (run.solo, "solo") if name == "cold" else (run.passes["cold"].outputs, "cold")
         views.append(PassView(
             run.workload.name, name, record.outputs, golden.passes["cold"].outputs,
-            {r.rid: r.max_new_tokens for r in run.workload.requests}, expected,
+            {r.rid: r.max_new_tokens for r in run.workload.requests}, _expected(run, name),
             record.nan_events, record.audit, run.dtype, run.deterministic, run.hybrid, reference, reference_name,
             spec_golden.passes["cold"].outputs if spec_golden else None, run.num_draft_tokens + 1,
             run.aborts_allowed, run.spec, {r.rid: r.prompt for r in run.workload.requests},

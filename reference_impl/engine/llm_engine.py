@@ -19,6 +19,12 @@ from reference_impl.request import Chunk, Phase, Request, RequestOutput, Request
 from reference_impl.spec.ngram import NoProposer
 
 
+#: fault: preemption frees a request's pages in the target pool but leaves them live in the draft's own pool.
+DRAFT_PAGES_KEPT_ON_PREEMPT = "draft_pages_kept_on_preempt"
+#: fault: a speculative request that finishes keeps its last page: it leaves every table but is never freed.
+SPEC_FINISH_PAGE_LEAK = "spec_finish_page_leak"
+
+
 class EngineStallError(RuntimeError):
     """Work is left but no step can make progress (a scheduler or accounting bug)."""
 
@@ -391,6 +397,8 @@ class Engine:
         adopted = set(req.pages[:n_pages]) - set(result.unused_pages)
         self.proposer.cached(sorted(adopted))
         req.pages = [p for p in req.pages if p not in adopted]
+        if SPEC_FINISH_PAGE_LEAK in self.config.faults and self.proposer.speculative:
+            req.pages = req.pages[:-1]  # the last page (its decoded tokens, never cached) is forgotten, not freed
         req.checkpoint_slots = {pos: s for pos, s in req.checkpoint_slots.items() if s in result.unused_slots}
         self._release(req)
         req.phase = Phase.FINISHED
@@ -417,6 +425,12 @@ class Engine:
 
     def _preempt(self, req: Request) -> None:
         """Recompute-style preemption: drop the request's memory and queue it again."""
+        draft = getattr(self.pools, "draft", None)
+        if draft is not None and DRAFT_PAGES_KEPT_ON_PREEMPT in self.config.faults:
+            cached = set(req.cache_pages)
+            own = [p for p in req.pages if p not in cached]
+            self.pools.target.free_pages(own)  # the draft pool's copies of these pages stay live
+            req.pages = [p for p in req.pages if p in cached]
         self._release(req)
         req.num_computed = 0
         req.output.preemptions += 1
