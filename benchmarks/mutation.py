@@ -99,14 +99,15 @@ def judge_one(item: object, units: list[str]) -> dict:
             "matrix_output": (matrix.output or "")[-600:]}
 
 
-def run(per_group: int, seed: int, out: Path) -> None:
-    """Enumerate, sample ``per_group`` mutants of each group (seeded), judge them, write rows and the table."""
+def run(per_group: int, seed: int, out: Path, groups: list[str]) -> None:
+    """Enumerate, sample ``per_group`` mutants of each of ``groups`` (seeded), judge them, write rows and the table."""
     tree, rng = scratch_copy(), random.Random(seed)
     load, started, rows, table = os.getloadavg(), time.perf_counter(), [], []
     out.mkdir(parents=True, exist_ok=True)
     os.chdir(tree)
     try:
-        for group, (package, units) in GROUPS.items():
+        for group in groups:
+            package, units = GROUPS[group]
             items = enumerate_mutants(tree, group, package)
             sample = sorted(rng.sample(items, min(per_group, len(items))), key=lambda i: i.job_id)
             group_started = time.perf_counter()
@@ -143,10 +144,11 @@ def main() -> int:
     parser.add_argument("--per-group", type=int, default=12, help="mutants sampled per module group")
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "out" / "mutation")
+    parser.add_argument("--groups", nargs="+", choices=list(GROUPS), default=list(GROUPS))
     args = parser.parse_args()
     if args.command == "judge":
         return judge()
-    run(args.per_group, args.seed, args.out)
+    run(args.per_group, args.seed, args.out, args.groups)
     return 0
 
 

@@ -322,11 +322,13 @@ def _relative_findings(view: PassView, cold: dict[str, list[RequestOutput]]) -> 
 
 
 def _band_findings(view: PassView) -> list[dict]:
-    """The pass's mean accept length inside the band measured for this workload and proposer (not from golden)."""
+    """The pass's mean accept length (requests never preempted) inside the band measured for this workload and
+    proposer, not taken from golden."""
     if view.accept_band is None:
         return []
     lo, hi = view.accept_band
-    got = _mean_or_one([o for o in view.outputs if o.finish_reason == "length"])
+    # a preempted request restarts its step grid with a token from prefill: its steps are not the workload's
+    got = _mean_or_one([o for o in view.outputs if o.finish_reason == "length" and not o.preemptions])
     if lo <= got <= hi:
         return []
     return [{"workload": view.workload, "pass": view.name, "check": "band", "against": "measured band",

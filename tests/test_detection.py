@@ -16,10 +16,9 @@ import pytest
 from fixtures.workloads import Workload
 from harness.killmatrix import check_fault
 from harness.matrix import generate
-from harness.matrix_file import load_matrix
 from harness.runner import GoldenRuns, WorkloadRun, run_cell, run_workload
 from reference_impl.faults import FAULTS
-from tests.test_faults import MATRIX_OF
+from tests.test_faults import fault_matrix
 
 pytestmark = pytest.mark.slow
 
@@ -27,16 +26,9 @@ CAUSES = ["ngram_prompt_only", "tenant_namespace_dropped", "page_key_forgets_pre
           "split_snapshot_to_head"]
 
 
-def matrix_of(fault: str, tmp_path: Path):
-    text = MATRIX_OF[fault]
-    path = tmp_path / f"{text.split('name = \"')[1].split('\"')[0]}.toml"
-    path.write_text(text)
-    return load_matrix(str(path))
-
-
 @pytest.mark.parametrize("fault", CAUSES)
 def test_the_planted_bug_fails_its_cells_and_the_clean_matrix_passes(fault: str, tmp_path: Path) -> None:
-    spec, goldens = matrix_of(fault, tmp_path), GoldenRuns()
+    spec, goldens = fault_matrix(fault, tmp_path), GoldenRuns()
     clean = {cell.cell_id: run_cell(spec, cell, faults=frozenset(), goldens=goldens) for cell in generate(spec)}
     assert all(r.status == "pass" for r in clean.values()), {c: r.status for c, r in clean.items()}
     check = check_fault(spec, fault, goldens)
@@ -56,7 +48,7 @@ class BuggyGoldens(GoldenRuns):
 
 def test_a_proposer_bug_in_golden_too_is_still_seen_by_the_prompt_lookup_replay(tmp_path: Path) -> None:
     fault = frozenset({"ngram_prompt_only"})
-    spec = matrix_of("ngram_prompt_only", tmp_path)
+    spec = fault_matrix("ngram_prompt_only", tmp_path)
     cell = next(c for c in generate(spec) if c.as_dict()["spec"] == "ngram" and c.as_dict()["model"] == "dense")
     verdict = run_cell(spec, cell, faults=fault, goldens=BuggyGoldens(fault)).oracles["accept_length"]
     checks = {finding["check"] for finding in verdict.detail}
