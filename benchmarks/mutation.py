@@ -93,7 +93,7 @@ def judge_one(item: object, units: list[str]) -> dict:
     elif matrix.test_outcome != TestOutcome.KILLED:
         verdict = "incompetent"
     mutation = item.mutations[0]
-    return {"job": item.job_id, "module": mutation.module_path, "operator": mutation.operator_name,
+    return {"job": item.job_id, "module": str(mutation.module_path), "operator": mutation.operator_name,
             "occurrence": mutation.occurrence, "line": mutation.start_pos[0], "verdict": verdict,
             "timeout": output.strip() == "timeout", "diff": matrix.diff, "seconds": round(time.perf_counter() - started, 1),
             "matrix_output": (matrix.output or "")[-600:]}
@@ -106,6 +106,9 @@ def run(per_group: int, seed: int, out: Path, groups: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     os.chdir(tree)
     try:
+        baseline = subprocess.run([sys.executable, "benchmarks/mutation.py", "judge"], capture_output=True, text=True)
+        if baseline.returncode:  # a judge that fails unmutated would count every mutant as killed
+            raise SystemExit(f"the mutation matrix fails without a mutant:\n{baseline.stdout}{baseline.stderr}")
         for group in groups:
             package, units = GROUPS[group]
             items = enumerate_mutants(tree, group, package)
