@@ -43,7 +43,10 @@ def serve(conn: Connection, config: EngineConfig, name: str, peer: str) -> None:
         conn.send(("error", traceback.format_exc()))
         return
     while True:
-        op, *args = conn.recv()
+        try:
+            op, *args = conn.recv()
+        except (EOFError, OSError):  # the parent is gone: nothing left to serve
+            return
         try:
             if op == "close":
                 conn.send(("ok", None))
