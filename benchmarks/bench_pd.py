@@ -85,8 +85,8 @@ def main() -> None:
             src, dst = torch.empty(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
             copy = min(timed(lambda: dst.copy_(src)))
             best, median = min(seconds), statistics.median(seconds)
-            print(f"{layout:36s} {name:9s} {len(pairs):7d} {nbytes / 2**20:6.1f} {gib_s(nbytes, best):10.2f} "
-                  f"{gib_s(nbytes, median):7.2f} {gib_s(nbytes, copy):12.2f} {copy / best:6.3f}", flush=True)
+            print(f"{layout:36s} {name:9s} {len(pairs):7d} {nbytes / 2**20:6.1f} {gib_s(nbytes, best):10.3f} "
+                  f"{gib_s(nbytes, median):7.3f} {gib_s(nbytes, copy):12.2f} {copy / best:6.3f}", flush=True)
     print(f"memcpy: one torch copy of the same bytes in one piece, best of {REPEATS}, measured next to each row; "
           "ratio = transport best / memcpy best")
 
