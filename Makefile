@@ -9,14 +9,17 @@ PYTEST_WORKERS ?= auto
 .PHONY: matrix test test-slow bench mutation gpu-wheels clean
 
 # NIXL (pd = nixl) goes in without its dependencies: its plain requirement pulls a CUDA torch and
-# seventeen CUDA wheels; UCX ships inside nixl-cu12, which also runs on CPU memory.
+# seventeen CUDA wheels; UCX ships inside nixl-cu12, which also runs on CPU memory. Mooncake's
+# non-CUDA wheel (pd = mooncake) needs Debian's libibverbs1 at run time (.ci/run installs it).
 NIXL := nixl==1.5.1 nixl-cu12==1.5.1
+MOONCAKE := mooncake-transfer-engine-non-cuda==0.3.13.post1
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e .
 	$(PY) -m pip install --quiet --no-deps $(NIXL)
+	$(PY) -m pip install --quiet $(MOONCAKE)
 	touch $(STAMP)
 
 matrix: $(STAMP)

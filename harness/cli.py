@@ -13,8 +13,9 @@ from pathlib import Path
 
 from fixtures.workloads import WORKLOADS
 from harness.commands import TriageInputError, add_triage_commands
+from harness.covering import Covering
 from harness.killmatrix import check_fault
-from harness.matrix import Cell, MatrixError, MatrixSpec, coverage, generate, lower_bound
+from harness.matrix import Cell, MatrixError, MatrixSpec, coverage, generate, generate_certified, lower_bound
 from harness.matrix_file import load_matrix
 from harness.junit import write_junit
 from harness.progress import RunProgress
@@ -32,14 +33,14 @@ class UsageError(ValueError):
     """Bad command-line input (other than the matrix file itself)."""
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"I/N"`` (1 ≤ I ≤ N) → (I, N)."""
+def parse_shard(text: str, option: str = "--shard") -> tuple[int, int]:
+    """``"I/N"`` (1 ≤ I ≤ N) → (I, N); errors name ``option``, the flag the user typed."""
     try:
         index, total = (int(part) for part in text.split("/"))
     except ValueError:
-        raise UsageError(f"--shard {text!r}: expected I/N, e.g. 1/4") from None
+        raise UsageError(f"{option} {text!r}: expected I/N, e.g. 1/4") from None
     if not 1 <= index <= total:
-        raise UsageError(f"--shard {text!r}: need 1 <= I <= N")
+        raise UsageError(f"{option} {text!r}: need 1 <= I <= N")
     return index, total
 
 
@@ -59,20 +60,31 @@ def load_spec(name: str, strength: int | None) -> MatrixSpec:
 
 def cmd_list(args: argparse.Namespace) -> int:
     spec = load_spec(args.matrix, args.strength)
-    cells = generate(spec)
+    cells, certificate = generate_certified(spec)
     for cell in cells:
         print(cell.cell_id)
     t = spec.strength if spec.mode == "t-wise" else min(2, len(spec.factors))
     report = coverage(spec, cells, t)
-    bound = lower_bound(spec, t)
-    print(f"{len(cells)} cells ({spec.mode}{f', t={spec.strength}' if spec.mode == 't-wise' else ''}); "
-          f"lower bound for t={t}: {bound} (ratio {len(cells) / bound:.2f})")
+    print(f"{len(cells)} cells ({spec.mode}{f', t={spec.strength}' if spec.mode == 't-wise' else ''})")
+    print(certificate_line(len(cells), t, lower_bound(spec, t), certificate))
     if spec.cost:
         print(f"total cost {math.fsum(spec.cost_of(cell) for cell in cells):g} "
               f"([cost] per cell: sum of its levels' costs, unlisted levels 1)")
     state = "OK" if report.ok else f"MISSING {len(report.missing)}"
-    print(f"coverage t={t}: {report.covered}/{report.required} allowed {t}-tuples covered: {state}")
+    groups = "".join(f" + {s}-tuples of {', '.join(names)}" for names, s in spec.stronger)
+    print(f"coverage t={t}: {report.covered}/{report.required} allowed {t}-tuples{groups} covered: {state}")
     return 0 if report.ok else 1
+
+
+def certificate_line(cells: int, t: int, counting: int, certificate: Covering | None) -> str:
+    """What ``list`` claims: the lower bound, and "optimal" only when a bound proves it."""
+    bound = counting if certificate is None else max(counting, certificate.bound)
+    text = f"lower bound: {bound} cells (most allowed tuples on one set of factors: {counting}"
+    text += ")" if bound == counting else ", raised by the solver)"
+    if certificate is None:
+        return f"{text}; ratio {cells / bound:.2f}"
+    verdict = "optimal (proven)" if cells == bound else f"ratio {cells / bound:.2f}, not proven optimal"
+    return f"{text}; {verdict}; built by {certificate.how}"
 
 
 def cmd_run(args: argparse.Namespace) -> int:

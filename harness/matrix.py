@@ -20,7 +20,6 @@ from types import MappingProxyType
 from harness import covering
 
 #: golden level of each factor unless the file's ``[golden]`` table says otherwise.
-#: golden level of each factor unless the file's ``[golden]`` table says otherwise.
 DEFAULT_GOLDEN: Mapping[str, object] = MappingProxyType(
     {"pool": "static", "backend": "torch", "cache": "off", "scheduler": "fcfs", "page_size": 1,
      "prefill_budget": 128, "deterministic": "on", "poison": "off",
@@ -55,8 +54,15 @@ class Cell:
 
     @property
     def cell_id(self) -> str:
-        """Stable id usable in ``pytest -k``: ``model:dense-cache:device-page_size:16``."""
-        return "-".join(f"{factor}:{level_token(level)}" for factor, level in self.factors)
+        """Stable id usable in ``pytest -k``: ``/model:dense/cache:device/page_size:16/``.
+
+        Every factor:level pair has a ``/`` on both sides because ``-k`` matches substrings:
+        ``-k "/page_size:1/"`` selects page_size 1 and never 16, ``-k "/tp:2/"`` never matches
+        ``/decode_tp:2/``. ``/`` and ``:`` are identifier characters in pytest's ``-k`` grammar, no
+        factor name or level token (``level_token``) contains them, and unlike ``[...]`` they
+        leave pytest's node ids (``--lf``) alone.
+        """
+        return "".join(f"/{factor}:{level_token(level)}" for factor, level in self.factors) + "/"
 
     def level(self, factor: str) -> object:
         """This cell's level of ``factor``."""
@@ -86,6 +92,8 @@ class MatrixSpec:
     timeout_s: float
     #: factor → level → relative cost of a cell at that level (``[cost]``; unlisted levels cost 1).
     cost: Mapping[str, Mapping[object, float]]
+    #: ``[[stronger]]``: factor groups covered at a higher strength inside the t-wise matrix.
+    stronger: tuple[tuple[tuple[str, ...], int], ...] = ()
 
     def allows(self, row: Mapping[str, object]) -> bool:
         """Whether no constraint forbids ``row``."""
@@ -134,40 +142,49 @@ def level_token(level: object) -> str:
 
 def generate(spec: MatrixSpec) -> list[Cell]:
     """The cells of ``spec`` in its mode, never a forbidden or duplicate one, in a stable order."""
+    return generate_certified(spec)[0]
+
+
+def generate_certified(spec: MatrixSpec) -> tuple[list[Cell], covering.Covering | None]:
+    """The cells of ``spec`` and, in t-wise mode, the covering array's certificate (bound, optimality, method)."""
     if spec.mode == "full":
         rows = itertools.product(*(levels for _, levels in spec.factors))
         cells = [_cell(spec, row) for row in rows]
-        return [cell for cell in cells if spec.allows(cell.as_dict())]
+        return [cell for cell in cells if spec.allows(cell.as_dict())], None
     if spec.mode == "t-wise":
         assert spec.strength is not None  # load_matrix requires it for t-wise
         try:
-            rows = covering.covering_array(_domains(spec), spec.strength, _index_predicate(spec),
-                                           cost=_index_cost(spec))
+            result = covering.solve(_domains(spec), spec.strength, index_constraints(spec), cost=_index_cost(spec),
+                                    stronger=stronger_groups(spec))
         except ValueError as exc:
             raise matrix_error(spec.path, "[factors]", str(exc)) from exc
-        return [_cell_of_indices(spec, row) for row in rows]
+        return [_cell_of_indices(spec, row) for row in result.rows], result
     if spec.mode == "ofat":
-        return _one_factor_at_a_time(spec)
+        return _one_factor_at_a_time(spec), None
     raise matrix_error(spec.path, "[matrix] mode", f"unknown mode {spec.mode!r} (modes: {', '.join(MODES)})")
 
 
 def coverage(spec: MatrixSpec, cells: Sequence[Cell], t: int) -> CoverageReport:
-    """Count the allowed t-tuples and which of them the allowed ``cells`` cover."""
+    """Count the allowed t-tuples (and ``[[stronger]]`` groups' tuples) and which of them the allowed ``cells`` cover."""
     check_strength(spec, t, "t")
-    domains, allowed = _domains(spec), _index_predicate(spec)
+    domains, allowed = _domains(spec), index_constraints(spec)
     rows = [_indices_of(spec, cell) for cell in cells]
-    required = len(covering.allowed_tuples(domains, t, allowed))
+    stronger = stronger_groups(spec)
+    required = len(covering.allowed_tuples(domains, t, allowed, stronger))
     missing = tuple(
         tuple((spec.factors[f][0], spec.factors[f][1][level]) for f, level in ttuple)
-        for ttuple in covering.missing_tuples(rows, domains, t, allowed)
+        for ttuple in covering.missing_tuples(rows, domains, t, allowed, stronger)
     )
     return CoverageReport(strength=t, required=required, covered=required - len(missing), missing=missing)
 
 
 def lower_bound(spec: MatrixSpec, t: int) -> int:
-    """Product of the t largest level counts: the fewest cells any unconstrained t-wise matrix needs."""
+    """The most allowed tuples on one set of t factors (or of a ``[[stronger]]`` group's s factors): each
+    cell holds one, so no matrix covering them has fewer cells."""
     check_strength(spec, t, "t")
-    return covering.lower_bound(_domains(spec), t)
+    domains = _domains(spec)
+    space = covering.TupleSpace(domains, covering.interactions(domains, t, stronger_groups(spec)))
+    return space.counting_bound(covering.required_mask(space, index_constraints(spec)))
 
 
 def _cell(spec: MatrixSpec, levels: Sequence[object]) -> Cell:
@@ -196,15 +213,25 @@ def _indices_of(spec: MatrixSpec, cell: Cell) -> tuple[int, ...]:
         raise matrix_error(spec.path, "cell", f"{cell.cell_id} has a level outside the matrix") from exc
 
 
-def _index_predicate(spec: MatrixSpec) -> Callable[[tuple[int, ...]], bool]:
-    """``spec.allows`` on level indices: each constraint as (factor position, forbidden indices)."""
+def stronger_groups(spec: MatrixSpec) -> list[tuple[tuple[int, ...], int]]:
+    """``[[stronger]]`` as (factor positions, strength), the form the generator takes."""
     positions = {factor: i for i, (factor, _) in enumerate(spec.factors)}
-    rules = [
-        [(positions[f], frozenset(spec.factors[positions[f]][1].index(lv) for lv in levels))
-         for f, levels in constraint.forbid.items()]
+    return [(tuple(positions[f] for f in names), s) for names, s in spec.stronger]
+
+
+def index_constraints(spec: MatrixSpec) -> covering.Forbidden:
+    """``spec.allows`` on level indices, as clauses the generator can also judge partial rows by."""
+    positions = {factor: i for i, (factor, _) in enumerate(spec.factors)}
+    return covering.Forbidden(_domains(spec), [
+        {positions[f]: [_level_index(spec.factors[positions[f]][1], lv) for lv in levels]
+         for f, levels in constraint.forbid.items()}
         for constraint in spec.constraints
-    ]
-    return lambda row: not any(all(row[p] in hit for p, hit in rule) for rule in rules)
+    ])
+
+
+def _level_index(levels: Sequence[object], level: object) -> int:
+    """Position of ``level`` in ``levels`` by type and value (``True`` is not ``1`` here)."""
+    return next(i for i, candidate in enumerate(levels) if type(candidate) is type(level) and candidate == level)
 
 
 def _index_cost(spec: MatrixSpec) -> Callable[[tuple[int, ...]], float] | None:
@@ -244,8 +271,10 @@ def matrix_error(path: Path, key: str, message: str) -> MatrixError:
 
 
 def check_strength(spec: MatrixSpec, t: object, key: str) -> None:
-    """Reject a strength that is not an int in 1..number of factors."""
+    """Reject a strength that is not an integer, or not in 1..number of factors."""
     k = len(spec.factors)
-    if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= k:
+    if isinstance(t, bool) or not isinstance(t, int):
+        raise matrix_error(spec.path, key, f"must be an integer, got {type(t).__name__} {t!r}")
+    if not 1 <= t <= k:
         raise matrix_error(spec.path, key, f"{t!r} is out of range 1..{k} (the number of factors)")
 

@@ -13,14 +13,19 @@ from pathlib import Path
 from types import MappingProxyType
 
 from harness.matrix import (
-    DEFAULT_GOLDEN, MODES, Constraint, MatrixSpec, check_strength, level_token, matrix_error, shown_path,
+    DEFAULT_GOLDEN, MODES, Constraint, MatrixSpec, check_strength, index_constraints, level_token, matrix_error,
+    shown_path,
 )
-from reference_impl.registry import UnknownLevelError, check_level, known_factors
+from reference_impl.registry import COMPONENTS, UnknownLevelError, check_level, import_path, known_factors
 
 DEFAULT_TIMEOUT_S = 600.0
-_TABLES = ("matrix", "factors", "golden", "constraints", "cost")
+#: the largest ``[cost]`` of a level: costs are relative, and sums over thousands of cells (and the
+#: cost ILP's coefficients) stay far from overflow and from HiGHS's numeric limits.
+MAX_COST = 1e6
+_TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger")
 _MATRIX_KEYS = ("name", "description", "mode", "strength", "workloads", "timeout_s")
 _CONSTRAINT_KEYS = ("forbid", "reason")
+_STRONGER_KEYS = ("factors", "strength")
 
 
 def resolve_matrix_path(name_or_path: str, matrices_dir: Path | None = None) -> Path:
@@ -55,10 +60,13 @@ def load_matrix(
     golden = _parse_golden(path, _table(path, doc, "golden", required=False), dict(factors))
     constraints = _parse_constraints(path, doc.get("constraints", []), dict(factors))
     cost = _parse_cost(path, _table(path, doc, "cost", required=False), dict(factors))
-    spec = MatrixSpec(path=path, factors=factors, constraints=constraints, golden=golden, cost=cost, **header)
+    stronger = _parse_stronger(path, doc.get("stronger", []), dict(factors), header)
+    spec = MatrixSpec(path=path, factors=factors, constraints=constraints, golden=golden, cost=cost,
+                      stronger=stronger, **header)
     if spec.strength is not None:
         check_strength(spec, spec.strength, "[matrix] strength")
     _check_golden_allowed(spec)
+    _check_levels_reachable(spec)
     return spec
 
 
@@ -118,6 +126,8 @@ def _parse_header(
     description = table.get("description", "")
     _typed(path, "[matrix] description", description, (str,), "a string")
     strength = table.get("strength")
+    if strength is not None and (isinstance(strength, bool) or not isinstance(strength, int)):
+        raise matrix_error(path, "[matrix] strength", f"must be an integer, got {_describe(strength)}")
     if mode == "t-wise" and strength is None:
         raise matrix_error(path, "[matrix] strength", "missing (required with mode 't-wise')")
     if mode != "t-wise" and strength is not None:
@@ -152,9 +162,11 @@ def _check_factor_name(path: Path, key: str, factor: str) -> None:
 
 
 def _check_registry_level(path: Path, key: str, factor: str, level: object) -> None:
-    """Reject a level the registry rejects, with its message."""
+    """Reject a level the registry rejects, with its message; import an import-path level now, not at run time."""
     try:
         check_level(factor, level)
+        if factor in COMPONENTS and isinstance(level, str) and level not in COMPONENTS[factor]:
+            import_path(level)
     except UnknownLevelError as exc:
         raise matrix_error(path, key, str(exc)) from exc
     except KeyError as exc:
@@ -198,7 +210,10 @@ def _parse_golden(
         _check_registry_level(path, f"[golden] {factor}", factor, level)
     for factor, level in table.items():
         levels = factors.get(factor)
-        if levels is not None and not _among(level, levels):
+        if levels is None:
+            raise matrix_error(path, f"[golden] {factor}", f"factor {factor!r} is not in [factors] "
+                               f"(a golden level only applies to a factor of this matrix)")
+        if not _among(level, levels):
             raise matrix_error(path, f"[golden] {factor}", f"golden level {level!r} is not one of the "
                                f"levels in [factors] (levels: {_levels_text(levels)})")
     return MappingProxyType({**DEFAULT_GOLDEN, **table})
@@ -275,9 +290,42 @@ def _parse_cost(
             _typed(path, f"{key}.{name}", value, (int, float), "a positive number")
             if not (math.isfinite(value) and value > 0):
                 raise matrix_error(path, f"{key}.{name}", f"{value!r} is not a positive finite cost")
+            if value > MAX_COST:
+                raise matrix_error(path, f"{key}.{name}", f"{value!r} is too large (costs are relative: at most {MAX_COST:g})")
             costs[by_name[name]] = float(value)
         parsed[factor] = MappingProxyType(costs)
     return MappingProxyType(parsed)
+
+
+def _parse_stronger(
+    path: Path, value: object, factors: dict[str, tuple[object, ...]], header: Mapping[str, object]
+) -> tuple[tuple[tuple[str, ...], int], ...]:
+    """Validate ``[[stronger]]``: in a t-wise matrix, distinct factors of [factors] at a strength above the matrix's."""
+    if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
+        raise matrix_error(path, "[[stronger]]", f"expected an array of tables, got {_describe(value)}")
+    groups = []
+    for i, entry in enumerate(value, start=1):
+        where = f"[[stronger]] #{i}"
+        if header["mode"] != "t-wise":
+            raise matrix_error(path, where, f"only for mode 't-wise', not {header['mode']!r}")
+        _check_keys(path, where, entry, _STRONGER_KEYS)
+        for key in _STRONGER_KEYS:
+            if key not in entry:
+                raise matrix_error(path, f"{where} {key}", "missing required key")
+        names, strength = entry["factors"], entry["strength"]
+        _typed(path, f"{where} factors", names, (list,), "a list of factor names")
+        for name in names:
+            if name not in factors:
+                raise matrix_error(path, f"{where} factors", f"{name!r} is not in [factors]")
+        if len(set(names)) != len(names):
+            raise matrix_error(path, f"{where} factors", "a factor is listed twice")
+        if isinstance(strength, bool) or not isinstance(strength, int):
+            raise matrix_error(path, f"{where} strength", f"must be an integer, got {_describe(strength)}")
+        if not header["strength"] < strength <= len(names):
+            raise matrix_error(path, f"{where} strength", f"{strength} must be above the matrix strength "
+                               f"{header['strength']} and at most the {len(names)} factors listed")
+        groups.append((tuple(names), strength))
+    return tuple(groups)
 
 
 def _check_golden_allowed(spec: MatrixSpec) -> None:
@@ -285,22 +333,21 @@ def _check_golden_allowed(spec: MatrixSpec) -> None:
     golden = spec.golden_cell().as_dict()
     if spec.allows(golden):
         return
-    if not _some_row_allowed(spec, {}):
+    if not index_constraints(spec).extendable([-1] * len(spec.factors)):
         raise matrix_error(spec.path, "[[constraints]]", "every row is forbidden")
     number, culprit = next((i, c) for i, c in enumerate(spec.constraints, start=1) if c.forbids(golden))
     raise matrix_error(spec.path, "[golden]", f"the golden cell {spec.golden_cell().cell_id} is forbidden "
                        f"by [[constraints]] #{number} ({culprit.reason})")
 
 
-def _some_row_allowed(spec: MatrixSpec, prefix: dict[str, object]) -> bool:
-    """Depth-first search for an allowed row extending ``prefix``, pruned where a constraint bites."""
-    if len(prefix) == len(spec.factors):
-        return True
-    factor, levels = spec.factors[len(prefix)]
-    for level in levels:
-        row = {**prefix, factor: level}
-        if not any(set(c.forbid) <= row.keys() and c.forbids(row) for c in spec.constraints):
-            if _some_row_allowed(spec, row):
-                return True
-    return False
-
+def _check_levels_reachable(spec: MatrixSpec) -> None:
+    """Reject a level that no allowed row has: the constraints would silently keep it from ever running."""
+    allowed = index_constraints(spec)
+    for f, (factor, levels) in enumerate(spec.factors):
+        for i, level in enumerate(levels):
+            partial = [-1] * len(spec.factors)
+            partial[f] = i
+            if not allowed.extendable(partial):
+                culprits = [f"#{n}" for n, c in enumerate(spec.constraints, start=1) if _among(level, c.forbid.get(factor, ()))]
+                raise matrix_error(spec.path, f"[factors] {factor}", f"level {level!r} is in no allowed row: "
+                                   f"[[constraints]] {', '.join(culprits) or '(together)'} forbid every row with it")

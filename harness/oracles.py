@@ -233,8 +233,9 @@ def completeness_oracle(views: Sequence[PassView]) -> Verdict:
             if count != 1:
                 problem = "never finished (lost)" if count == 0 else f"finished {count} times"
                 findings.append({"workload": view.workload, "pass": view.name, "request": rid, "problem": problem})
-    note = f" ({aborted} aborted after a failed transfer and a failed retry)" if aborted else ""
-    return _verdict("completeness", findings, f"every request finished once with its length{note}",
+    ok = (f"every request ended once: {aborted} aborted after a failed transfer and a failed retry, "
+          "the rest with their length") if aborted else "every request finished once with its length"
+    return _verdict("completeness", findings, ok,
                     lambda f: f"{len(f)} problem(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['request']} {f[0]['problem']}")
 
 

@@ -3,6 +3,8 @@
 Items are collected from the matrix file itself (``matrices/NAME.toml``), so ``-k``,
 ``--lf``, JUnit XML and ``-n`` (pytest-xdist) work as for any test. Every finished cell is
 appended to ``--report-dir``/results.jsonl (under a lock, so xdist workers can share it).
+The report directory is (re)started only when tests are about to run: ``--collect-only``
+leaves a finished run's results as they are.
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
         spec = load_spec(name, config.getoption("--strength"))
         faults = check_faults(config.getoption("--inject-fault"))
         shard = config.getoption("--matrix-shard")
-        cells = select_shard(generate(spec), parse_shard(shard) if shard else None)
+        cells = select_shard(generate(spec), parse_shard(shard, "--matrix-shard") if shard else None)
     except (MatrixError, UnknownFaultError, UsageError) as exc:
         raise pytest.UsageError(str(exc)) from None
     device = config.getoption("--device")
@@ -61,8 +63,6 @@ def pytest_configure(config: pytest.Config) -> None:
     store = ResultsStore(Path(config.getoption("--report-dir")), info)
     if hasattr(config, "workerinput"):  # a worker writes its rows under the controller's run id
         header.run_id = config.workerinput.get("kvmatrix_run_id", header.run_id)
-    else:  # the xdist controller (or a plain run) starts the report once
-        store.start(resume=False, planned={c.cell_id for c in cells})
     configure_torch()
     config.stash[_STATE] = _MatrixRun(spec, cells, faults, store, device)
     matrix_path = str(spec.path.resolve())
@@ -83,6 +83,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     run = config.stash.get(_STATE, None)
     if run is not None:
         run.store.info.cells_planned = sum(isinstance(item, MatrixItem) for item in items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """Start the report once, when cells are about to run: never for --collect-only, never on an xdist worker."""
+    config = session.config
+    run = config.stash.get(_STATE, None)
+    if run is None or config.option.collectonly or hasattr(config, "workerinput"):
+        return
+    run.store.start(resume=False, planned={c.cell_id for c in run.cells})
 
 
 class MatrixFile(pytest.File):
@@ -156,12 +166,13 @@ def pytest_configure_node(node) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The controller (or a plain run) rebuilds summary.json and index.html once every cell has ended."""
-    run = session.config.stash.get(_STATE, None)
-    if run is not None and not hasattr(session.config, "workerinput"):
+    config = session.config
+    run = config.stash.get(_STATE, None)
+    if run is not None and not hasattr(config, "workerinput") and not config.option.collectonly:
         run.store.finish()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     run = config.stash.get(_STATE, None)
-    if run is not None and not hasattr(config, "workerinput"):
+    if run is not None and not hasattr(config, "workerinput") and not config.option.collectonly:
         terminalreporter.write_line(f"kvmatrix report: {run.store.index_path}")

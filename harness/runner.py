@@ -208,15 +208,29 @@ class CellResult:
 
 
 def _expected(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]:
-    """What each request of pass ``name`` must hit: the workload's cold or warm bounds; an isolation workload's
-    second tenant nothing at all, its second engine what the warm pass hits (from any tier)."""
+    """The workload's cached-token expectation for one pass of ``run``.
+
+    The cold and warm passes get the workload's bounds. An isolation workload's second tenant must hit
+    nothing at all, its second engine what the warm pass hits (from whichever tier). A cell that injects
+    transport failures (PD) retries a request whose transfer failed, and the retry may hit the pages its
+    first attempt computed: any pass may then reach what all prompts imply. A request aborted in the cold
+    pass may have cached only part of its prompt: the warm pass must reach at least what the completed
+    requests' prompts imply.
+    """
     if not run.cache_enabled or name == "tenant":
         return {r.rid: CachedExpectation(0, 0, run.page_size) for r in run.workload.requests}
-    expected = run.workload.expected_cached(page_size=run.page_size, state_interval=STATE_INTERVAL, hybrid=run.hybrid,
-                                            warm=name != "cold", chunk_size=run.chunk_size, tiers=run.tiers)
-    if name == "instance":
-        return {rid: replace(e, host=None, storage=None) for rid, e in expected.items()}
-    return expected
+    args = dict(page_size=run.page_size, state_interval=STATE_INTERVAL, hybrid=run.hybrid,
+                chunk_size=run.chunk_size, tiers=run.tiers)
+    if not run.aborts_allowed:
+        expected = run.workload.expected_cached(**args, warm=name != "cold")
+        if name == "instance":
+            return {rid: replace(e, host=None, storage=None) for rid, e in expected.items()}
+        return expected
+    ceiling = run.workload.expected_cached(**args, warm=True)
+    completed = {o.rid for o in run.passes["cold"].outputs if o.finish_reason == "length"}
+    floor = run.workload.expected_cached(**args, warm=True, cached_from=completed) if name != "cold" else None
+    return {rid: CachedExpectation(floor[rid].lo if floor else 0, e.hi, e.page_size, None, None)
+            for rid, e in ceiling.items()}
 
 
 def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | None) -> list[PassView]:

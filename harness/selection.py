@@ -29,8 +29,7 @@ def _parse(spec: MatrixSpec, text: str) -> list[Cell]:
         factor, levels = spec.factors[len(prefix)]
         for level in levels:
             partial = (*prefix, (factor, level))
-            head = Cell(partial).cell_id
-            if text == head or text.startswith(head + "-"):
+            if text.startswith(Cell(partial).cell_id):  # a partial id ends with its "/": no level is a prefix of another
                 stack.append(partial)
     return found
 

@@ -40,7 +40,7 @@ def test_run_passes_and_writes_the_three_files(tmp_path: Path) -> None:
     assert set(rows[0]) >= {"cell_id", "factors", "status", "oracles", "metrics", "faults"}
     summary = json.loads((report / "summary.json").read_text())
     assert summary["counts"] == {"pass": 2, "fail": 0, "error": 0, "skip": 0}
-    assert "model:dense-scheduler:fcfs-page_size:16" in (report / "index.html").read_text()
+    assert "/model:dense/scheduler:fcfs/page_size:16/" in (report / "index.html").read_text()
 
 
 def test_fault_fails_exactly_its_trigger_cells(tmp_path: Path) -> None:
@@ -105,7 +105,51 @@ def test_a_slow_cell_times_out_as_an_error(tmp_path: Path) -> None:
 def test_list_prints_cells_bound_and_coverage(tmp_path: Path, capsys) -> None:
     assert main(["list", "--matrix", str(write_matrix(tmp_path)), "--strength", "2"]) == 0
     out = capsys.readouterr().out
-    assert "model:dense-scheduler:fcfs-page_size:16" in out and "coverage t=2" in out and "OK" in out
+    assert "/model:dense/scheduler:fcfs/page_size:16/" in out and "coverage t=2" in out and "OK" in out
+    assert "lower bound: 2 cells" in out and "optimal (proven)" in out
+
+
+def test_list_bound_comes_from_the_allowed_tuples(tmp_path: Path, capsys) -> None:
+    """A constraint removes tuples: the bound is 3 allowed pairs, not the product 4, and 3 cells are optimal."""
+    path = write_matrix(tmp_path)
+    path.write_text(path.read_text().replace('page_size = [16]', 'page_size = [1, 16]\n\n[[constraints]]\n'
+                                             'forbid = { scheduler = "priority", page_size = 1 }\nreason = "r"'))
+    assert main(["list", "--matrix", str(path), "--strength", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "3 cells (t-wise, t=2)" in out
+    assert "lower bound: 3 cells (most allowed tuples on one set of factors: 3); optimal (proven)" in out
+
+
+#: the input holes of issue 10: (what to change in TINY, what the one error line must name).
+HOLES = [
+    ({'page_size = [16]': 'page_size = [16]\n[cost]\nscheduler = { priority = 1e308 }'}, "[cost] scheduler.priority"),
+    ({'["fcfs", "priority"]': '["fcfs", "no.such.module:Queue"]'}, "no.such.module"),
+    ({'page_size = [16]': 'page_size = [16]\n[golden]\npool = "static"'}, "[golden] pool"),
+    ({'mode = "full"': 'mode = "t-wise"\nstrength = "2"'}, "[matrix] strength: must be an integer"),
+    ({'mode = "full"': 'mode = "t-wise"\nstrength = 2.0'}, "[matrix] strength: must be an integer"),
+    ({'mode = "full"': 'mode = "t-wise"\nstrength = true'}, "[matrix] strength: must be an integer"),
+    ({'page_size = [16]': 'page_size = [16]\n[[constraints]]\nforbid = { scheduler = "priority" }\nreason = "r"'},
+     "[factors] scheduler: level 'priority' is in no allowed row"),
+]
+
+
+@pytest.mark.parametrize(("changes", "needle"), HOLES, ids=[h[1].split(":")[0] + str(i) for i, h in enumerate(HOLES)])
+@pytest.mark.parametrize("command", ["list", "run"])
+def test_an_input_hole_is_one_line_exit_2_and_nothing_written(
+    tmp_path: Path, capsys, changes: dict[str, str], needle: str, command: str
+) -> None:
+    path = write_matrix(tmp_path)
+    text = path.read_text()
+    for old, new in changes.items():
+        assert old in text
+        text = text.replace(old, new)
+    path.write_text(text)
+    report = tmp_path / "out"
+    argv = [command, "--matrix", str(path)] + (["--report-dir", str(report)] if command == "run" else [])
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert len(captured.err.strip().splitlines()) == 1 and needle in captured.err and "tiny.toml" in captured.err
+    assert not report.exists()
 
 
 def test_faults_lists_incident_and_triggers(capsys) -> None:

@@ -1,8 +1,12 @@
-"""Covering arrays: every allowed t-tuple covered, only allowed rows, deterministic, at the known bound."""
+"""Covering arrays: every allowed t-tuple covered, only allowed rows, deterministic, honest certificates.
+
+Coverage is checked here by brute force (``brute_tuples`` over ``brute_allowed_rows``), never
+with the generator's own checker."""
 from __future__ import annotations
 
 import itertools
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -13,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness import covering
+from harness.covering import exact
 
 #: the factor set FIELD-NOTES measured: the exact ILP reaches the bound (16 at t=2, 48 at t=3).
 REFERENCE = [3, 2, 4, 2, 2, 4, 2]
@@ -21,8 +26,13 @@ Row = tuple[int, ...]
 
 
 def forbidding(forbidden: Forbid) -> Callable[[tuple[int, ...]], bool]:
-    """Row predicate: a row is forbidden when it matches every (factor, level) of some entry."""
+    """Opaque row predicate: a row is forbidden when it matches every (factor, level) of some entry."""
     return lambda row: not any(all(row[f] == level for f, level in entry.items()) for entry in forbidden)
+
+
+def clauses(domains: Sequence[int], forbidden: Forbid) -> covering.Forbidden:
+    """The same constraints as forbidden clauses, which IPOG can judge on partial rows."""
+    return covering.Forbidden(domains, [{f: [level] for f, level in entry.items()} for entry in forbidden])
 
 
 def brute_tuples(rows: Sequence[Sequence[int]], t: int) -> set[tuple[tuple[int, int], ...]]:
@@ -49,8 +59,9 @@ def spaces(draw: st.DrawFn) -> tuple[list[int], int, Forbid]:
 
 def check_array(domains: list[int], t: int, forbidden: Forbid, method: covering.Method) -> None:
     """The properties every covering array must have; the array is built twice to check determinism."""
-    allowed = forbidding(forbidden)
-    rows = covering.covering_array(domains, t, allowed, method=method)
+    allowed = clauses(domains, forbidden) if method == "ipog" else forbidding(forbidden)
+    result = covering.solve(domains, t, allowed, method=method)
+    rows = result.rows
     candidates = brute_allowed_rows(domains, allowed)
     assert all(row in candidates for row in rows), "a forbidden or out-of-range row was returned"
     assert rows == sorted(set(rows)), "rows must be sorted and distinct"
@@ -58,6 +69,7 @@ def check_array(domains: list[int], t: int, forbidden: Forbid, method: covering.
     assert not uncovered, f"allowed tuples not covered: {sorted(uncovered)[:5]}"
     if not forbidden:
         assert len(rows) >= math.prod(sorted(domains, reverse=True)[:t])
+    assert result.bound <= len(rows), "the certificate's lower bound exceeds a real array"
     assert covering.covering_array(domains, t, allowed, method=method) == rows, "not deterministic"
 
 
@@ -79,6 +91,12 @@ def test_ilp_covers_every_allowed_tuple(space: tuple[list[int], int, Forbid]) ->
     check_array(*space, method="ilp")
 
 
+@settings(max_examples=60, deadline=None)
+@given(spaces())
+def test_ipog_covers_every_allowed_tuple(space: tuple[list[int], int, Forbid]) -> None:
+    check_array(*space, method="ipog")
+
+
 @pytest.mark.parametrize(("t", "bound"), [(2, 16), (3, 48)])
 def test_reference_set_reaches_lower_bound(t: int, bound: int) -> None:
     """Speed is measured in benchmarks/bench_covering.py, never asserted here."""
@@ -87,13 +105,16 @@ def test_reference_set_reaches_lower_bound(t: int, bound: int) -> None:
     assert len(rows) == bound
 
 
-def test_reference_set_is_identical_across_processes() -> None:
-    """HiGHS must give the same rows in a fresh interpreter (no clock or thread order in the answer)."""
+@pytest.mark.parametrize(("domains", "t"), [(REFERENCE, 3), ([2] * 12, 2)], ids=["exact", "ipog"])
+def test_rows_are_identical_across_processes_and_hash_seeds(domains: list[int], t: int) -> None:
+    """HiGHS and the seeded searches give the same rows in a fresh interpreter (no clock or hash order in them)."""
+    clause = "{0: [1], 2: [1]}"
     code = ("from harness import covering; "
-            f"print(covering.covering_array({REFERENCE}, 3, lambda row: row[0] != 2 or row[2] != 3))")
+            f"print(covering.covering_array({domains}, {t}, covering.Forbidden({domains}, [{clause}])))")
     root = Path(__file__).resolve().parents[1]
-    fresh = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
-    here = covering.covering_array(REFERENCE, 3, lambda row: row[0] != 2 or row[2] != 3)
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    fresh = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True, env=env)
+    here = covering.covering_array(domains, t, covering.Forbidden(domains, [{0: [1], 2: [1]}]))
     assert fresh.stdout == f"{here}\n"
 
 
@@ -140,21 +161,87 @@ def test_everything_forbidden_gives_no_rows() -> None:
 
 
 def test_a_construction_that_misses_is_never_returned(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(covering, "_greedy_cover", lambda incidence: [0])
+    monkeypatch.setattr(exact, "greedy_cover", lambda incidence: [0])
     with pytest.raises(covering.CoverageError, match="misses"):
         covering.covering_array([2, 2], 2, lambda row: True, method="greedy")
 
 
-def test_greedy_scales_past_the_ilp_limit() -> None:
-    domains = [4, 4, 4, 4, 4, 4, 4]  # 16,384 candidate rows: above ILP_MAX_ROWS
-    assert math.prod(domains) > covering.ILP_MAX_ROWS
-    rows = covering.covering_array(domains, 2, lambda row: True)
-    assert covering.missing_tuples(rows, domains, 2, lambda row: True) == []
+def test_a_space_too_large_to_enumerate_is_built_by_ipog() -> None:
+    """4^11 rows (4.2M) exceed the enumeration budget: clauses let IPOG build it without the product."""
+    domains = [4] * 11
+    assert math.prod(domains) > covering.MAX_ENUMERATED_ROWS
+    result = covering.solve(domains, 2, covering.Forbidden(domains))
+    every_pair = {((a, x), (b, y)) for a, b in itertools.combinations(range(11), 2) for x in range(4) for y in range(4)}
+    assert every_pair <= brute_tuples(result.rows, 2)
+    assert result.bound == 16 and not result.optimal and "IPOG" in result.how
 
 
-def test_a_space_too_large_to_enumerate_is_refused_not_hung() -> None:
+def test_an_opaque_predicate_too_large_to_enumerate_is_refused_not_hung() -> None:
     with pytest.raises(ValueError, match="enumeration budget"):
         covering.covering_array([4] * 11, 2, lambda row: True)
+
+
+@pytest.mark.parametrize(("domains", "t", "forbidden"), [
+    ([3, 2, 4, 2, 2, 4, 2, 3, 2], 3, [{0: 0, 2: 3}, {1: 1, 5: 0}, {3: 1, 4: 1, 6: 1}, {7: 2, 8: 1}]),
+    ([2] * 8, 4, []),
+    ([4, 3, 3, 2, 2, 2, 2, 2, 2, 2], 2, [{0: 3, 1: 2}, {2: 0, 3: 1, 4: 1}]),
+])
+def test_ipog_with_clauses_matches_brute_force(domains: list[int], t: int, forbidden: Forbid) -> None:
+    """IPOG (forced) on spaces small enough to check by enumeration, with clauses on partial rows."""
+    allowed = clauses(domains, forbidden)
+    rows = covering.covering_array(domains, t, allowed, method="ipog")
+    candidates = brute_allowed_rows(domains, allowed)
+    assert set(rows) <= set(candidates) and rows == sorted(set(rows))
+    assert not brute_tuples(candidates, t) - brute_tuples(rows, t)
+
+
+@pytest.mark.parametrize("clause", [{3: [0]}, {0: [2]}, {0: []}])
+def test_a_clause_outside_the_domains_is_refused(clause: dict[int, list[int]]) -> None:
+    with pytest.raises(ValueError, match="clause"):
+        covering.Forbidden([2, 2, 2], [clause])
+
+
+def test_partial_rows_extend_exactly_when_some_allowed_row_agrees() -> None:
+    """``Forbidden.extendable`` against enumeration: (f0=0, f1=0) is allowed by no clause alone, yet forbidden."""
+    domains = [2, 2, 3]
+    allowed = covering.Forbidden(domains, [{0: [0], 2: [0, 1]}, {1: [0], 2: [2]}])
+    full = brute_allowed_rows(domains, allowed)
+    for partial in itertools.product(*([-1, *range(d)] for d in domains)):
+        agrees = any(all(p in (-1, v) for p, v in zip(partial, row)) for row in full)
+        assert allowed.extendable(partial) == agrees, partial
+    assert not allowed.extendable((0, 0, -1))
+
+
+@pytest.mark.parametrize(("domains", "t", "forbidden", "rows", "optimal"), [
+    (REFERENCE, 3, [{0: 0, 2: 3}, {1: 1, 5: 0}, {3: 1, 4: 1, 6: 1}], 44, True),  # the ILP proves it
+    ([3, 2, 3, 2, 2], 3, [{0: 0, 1: 1}, {0: 1, 1: 1}], 21, True),  # tiers' shape: 21 proven, counting bound 18
+    ([2] * 12, 2, [], 7, False),  # optimal (Kleitman-Spencer), but no bound here proves it
+])
+def test_certificate_claims_optimal_only_when_proven(
+    domains: list[int], t: int, forbidden: Forbid, rows: int, optimal: bool
+) -> None:
+    result = covering.solve(domains, t, clauses(domains, forbidden))
+    assert len(result.rows) == rows and result.optimal is optimal
+    assert result.bound <= rows and (result.bound == rows) is optimal
+
+
+@pytest.mark.parametrize("method", ["auto", "ipog"])
+def test_mixed_strength_covers_a_stronger_group_inside_a_pairwise_array(method: covering.Method) -> None:
+    """Every triple of the group's levels, every pair of the rest, in fewer rows than 3-wise everywhere."""
+    domains, group = [3, 3, 2, 2, 2, 2, 2], (2, 3, 5, 6)
+    allowed = covering.Forbidden(domains, [{2: [0], 3: [1], 5: [1]}])
+    rows = covering.covering_array(domains, 2, allowed, method=method, stronger=[(group, 3)])
+    candidates = brute_allowed_rows(domains, allowed)
+    assert set(rows) <= set(candidates)
+    assert not brute_tuples(candidates, 2) - brute_tuples(rows, 2)
+    triples = {tuple((f, row[f]) for f in combo) for combo in itertools.combinations(group, 3) for row in candidates}
+    assert triples <= {tuple((f, row[f]) for f in combo) for combo in itertools.combinations(group, 3) for row in rows}
+    assert len(rows) < len(covering.covering_array(domains, 3, allowed, method=method))
+
+
+def test_a_stronger_group_outside_the_factors_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"stronger group \[1, 7\]"):
+        covering.solve([2, 2, 2], 2, covering.Forbidden([2, 2, 2]), stronger=[((1, 7), 2)])
 
 
 #: the smoke matrix's shape: model, cache, scheduler, page_size, pool, backend, spec.
@@ -218,13 +305,27 @@ def test_a_dear_level_takes_the_fewest_rows_coverage_allows(
     assert sum(row[factor] == level for row in rows) == fewest
 
 
-@pytest.mark.parametrize("method", ["auto", "greedy", "ilp"])
+@pytest.mark.parametrize("method", ["auto", "ilp"])  # plain greedy stops at 13 rows here
 def test_smoke_shape_puts_triton_in_four_rows(method: covering.Method) -> None:
     """Triton must meet each of spec's 4 levels, one per row: 4 Triton rows is the minimum, at 12 rows."""
     rows = covering.covering_array(SMOKE, 2, smoke_allowed, method=method, cost=dear_level(BACKEND, 1))
     assert len(rows) == covering.lower_bound(SMOKE, 2) == 12
     assert sum(row[BACKEND] == 1 for row in rows) == 4
     assert covering.missing_tuples(rows, SMOKE, 2, smoke_allowed) == []
+
+
+@pytest.mark.parametrize(("domains", "factor", "fewest"), [
+    ([3, 3, 2, 2, 2], 4, 3),  # IPOG alone puts the dear level in 4 rows
+    (SMOKE, BACKEND, 4),  # the smoke shape built by IPOG: 5 Triton rows without the cost pass
+])
+def test_ipog_cost_pass_moves_cells_to_cheaper_levels(domains: list[int], factor: int, fewest: int) -> None:
+    allowed = covering.Forbidden(domains)
+    plain = covering.covering_array(domains, 2, allowed, method="ipog")
+    cost = dear_level(factor, 1)
+    rows = covering.covering_array(domains, 2, allowed, method="ipog", cost=cost)
+    assert len(rows) == len(plain) and sum(row[factor] == 1 for row in rows) == fewest
+    assert sum(map(cost, rows)) < sum(map(cost, plain))
+    assert not brute_tuples(brute_allowed_rows(domains, allowed), 2) - brute_tuples(rows, 2)
 
 
 @pytest.mark.parametrize("bad", [-1.0, math.inf, math.nan])

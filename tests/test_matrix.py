@@ -35,6 +35,9 @@ reason = "example: the priority queue is only tried with a cache"
 # END
 """
 MATRIX_BLOCK = VALID[: VALID.index("[factors]")]
+#: a [[stronger]] group to append to VALID (mixed strength: three factors 3-wise inside the 2-wise matrix).
+STRONGER = '[[stronger]]\nfactors = ["cache", "scheduler", "page_size"]\nstrength = 3\n# END\n'
+
 FACTOR_LINES = VALID[VALID.index("model = ") : VALID.index("[golden]")]
 WORKLOADS = {"system_prompt", "multi_turn", "high_load"}
 
@@ -137,11 +140,11 @@ def test_coverage_reports_what_a_dropped_cell_held(tmp_path: Path) -> None:
 def test_ofat_varies_one_factor_from_the_golden_cell(tmp_path: Path) -> None:
     cells = matrix.generate(load(tmp_path, mode="ofat"))
     assert [c.cell_id for c in cells] == [
-        "model:dense-cache:off-scheduler:fcfs-page_size:1",
-        "model:hybrid-cache:off-scheduler:fcfs-page_size:1",
-        "model:dense-cache:device-scheduler:fcfs-page_size:1",
+        "/model:dense/cache:off/scheduler:fcfs/page_size:1/",
+        "/model:hybrid/cache:off/scheduler:fcfs/page_size:1/",
+        "/model:dense/cache:device/scheduler:fcfs/page_size:1/",
         # scheduler:priority with cache:off is forbidden, so OFAT never tries priority
-        "model:dense-cache:off-scheduler:fcfs-page_size:16",
+        "/model:dense/cache:off/scheduler:fcfs/page_size:16/",
     ]
 
 
@@ -155,11 +158,30 @@ def test_with_strength_turns_any_matrix_t_wise(tmp_path: Path) -> None:
 
 def test_cell_id_is_readable_and_selectable_with_k() -> None:
     cell = Cell((("model", "dense"), ("cache", "mypkg.store:MyCache"), ("page_size", 16)))
-    assert cell.cell_id == "model:dense-cache:MyCache-page_size:16"
+    assert cell.cell_id == "/model:dense/cache:MyCache/page_size:16/"
     assert Expression.compile(cell.cell_id).evaluate(lambda name, **_: name in f"test[{cell.cell_id}]")
     assert cell.level("page_size") == 16 and cell.as_dict()["cache"] == "mypkg.store:MyCache"
     with pytest.raises(KeyError, match="'pool'"):
         cell.level("pool")
+
+
+#: three ids where one level is a prefix of another (1, 16) and one factor name ends another (tp, decode_tp).
+K_CELLS = [Cell((("decode_tp", 2), ("tp", tp), ("page_size", page))) for tp, page in ((1, 1), (2, 16), (1, 16))]
+
+
+@pytest.mark.parametrize(("expression", "expected"), [
+    ("/page_size:1/", [0]),  # never page_size:16
+    ("/page_size:16/", [1, 2]),
+    ("/tp:2/", [1]),  # /decode_tp:2/ is in every id, yet never matches
+    ("/tp:1/ and not /page_size:16/", [0]),
+    ("page_size:1", [0, 1, 2]),  # without the delimiters, the prefix match pytest does
+])
+def test_a_delimited_pair_in_k_selects_exactly_its_level(expression: str, expected: list[int]) -> None:
+    """pytest -k matches substrings of the item name, case-insensitively; the ``/`` on both sides end that."""
+    def selected(cell: Cell) -> bool:
+        return Expression.compile(expression).evaluate(lambda sub, **_: sub.lower() in cell.cell_id.lower())
+
+    assert [i for i, cell in enumerate(K_CELLS) if selected(cell)] == expected
 
 
 def test_golden_of_replaces_only_factors_with_a_golden_level(tmp_path: Path) -> None:
@@ -172,8 +194,21 @@ def test_golden_of_replaces_only_factors_with_a_golden_level(tmp_path: Path) -> 
 
 def test_golden_table_overrides_the_default(tmp_path: Path) -> None:
     spec = load(tmp_path, VALID.replace('scheduler = "fcfs"\n', 'cache = "device"\npage_size = 16\n'))
-    assert spec.golden_cell().cell_id == "model:dense-cache:device-scheduler:fcfs-page_size:16"
+    assert spec.golden_cell().cell_id == "/model:dense/cache:device/scheduler:fcfs/page_size:16/"
     assert matrix.generate(dataclasses.replace(spec, mode="ofat", strength=None))[0] == spec.golden_cell()
+
+
+def test_stronger_group_is_covered_at_its_strength(tmp_path: Path) -> None:
+    """Every allowed triple of cache × scheduler × page_size runs, and every pair of the rest."""
+    spec = load(tmp_path, VALID + STRONGER)
+    assert spec.stronger == ((("cache", "scheduler", "page_size"), 3),)
+    cells = matrix.generate(spec)
+    allowed = [row for row in every_row(spec) if spec.allows(row)]
+    group = ("cache", "scheduler", "page_size")
+    assert {tuple(row[f] for f in group) for row in allowed} <= {tuple(c.level(f) for f in group) for c in cells}
+    report = matrix.coverage(spec, cells, 2)
+    assert report.ok and report.required > matrix.coverage(load(tmp_path), cells, 2).required
+    assert matrix.lower_bound(spec, 2) == 6  # the group's allowed triples: 8 minus the 2 forbidden ones
 
 
 def test_constraint_semantics_match_allows(tmp_path: Path) -> None:
@@ -207,8 +242,9 @@ BAD = [
     ("strength with full", 'mode = "t-wise"', 'mode = "full"', ["[matrix] strength", "2", "'full'"]),
     ("strength zero", "strength = 2", "strength = 0", ["[matrix] strength", "0 is out of range 1..4"]),
     ("strength too big", "strength = 2", "strength = 5", ["[matrix] strength", "5 is out of range"]),
-    ("strength string", "strength = 2", 'strength = "2"', ["[matrix] strength", "'2'"]),
-    ("strength bool", "strength = 2", "strength = true", ["[matrix] strength", "True"]),
+    ("strength string", "strength = 2", 'strength = "2"', ["[matrix] strength", "must be an integer", "str '2'"]),
+    ("strength float", "strength = 2", "strength = 2.0", ["[matrix] strength", "must be an integer", "float 2.0"]),
+    ("strength bool", "strength = 2", "strength = true", ["[matrix] strength", "must be an integer", "bool True"]),
     ("timeout negative", "timeout_s = 300", "timeout_s = -1", ["[matrix] timeout_s", "-1"]),
     ("timeout string", "timeout_s = 300", 'timeout_s = "300"', ["[matrix] timeout_s", "'300'"]),
     ("description type", 'description = "a small matrix"', "description = 3", ["[matrix] description", "3"]),
@@ -225,8 +261,10 @@ BAD = [
     ("registry rejects", 'cache = ["off", "device"]', 'cache = ["off", "disk"]', ["[factors] cache", "'disk'"]),
     ("page size zero", "page_size = [1, 16]", "page_size = [1, 0]", ["[factors] page_size", "0"]),
     ("page size string", "page_size = [1, 16]", 'page_size = [1, "16"]', ["[factors] page_size", "'16'"]),
-    ("id tokens collide", 'cache = ["off", "device"]', 'cache = ["off", "a.b:X", "c.d:X"]',
-     ["[factors] cache", "'c.d:X'", "cell-id name 'X'", "'a.b:X'"]),
+    ("id tokens collide", 'cache = ["off", "device"]',
+     'cache = ["off", "reference_impl.cache.radix:RadixCache", "reference_impl.cache.tiered:RadixCache"]',
+     ["[factors] cache", "'reference_impl.cache.tiered:RadixCache'", "cell-id name 'RadixCache'",
+      "'reference_impl.cache.radix:RadixCache'"]),
     ("id token empty", 'cache = ["off", "device"]', 'cache = ["off", "a.b:"]', ["[factors] cache", "'a.b:'"]),
     ("constraint unknown level", 'forbid = { cache = "off"', 'forbid = { cache = "disk"',
      ["[[constraints]] #1 forbid.cache", "unknown level 'disk'", "levels: off, device"]),
@@ -254,11 +292,22 @@ BAD = [
     ("every row forbidden", "# END", '[[constraints]]\nforbid = { cache = "device" }\nreason = "r"\n'
      '[[constraints]]\nforbid = { cache = "off" }\nreason = "r"', ["[[constraints]]", "every row is forbidden"]),
     ("golden forbidden", "# END", '[[constraints]]\nforbid = { model = "dense", page_size = 1 }\nreason = "r2"',
-     ["[golden]", "golden cell model:dense-cache:off-scheduler:fcfs-page_size:1", "#2", "r2"]),
+     ["[golden]", "golden cell /model:dense/cache:off/scheduler:fcfs/page_size:1/", "#2", "r2"]),
     ("golden unknown factor", 'scheduler = "fcfs"\n\n', 'cahce = "off"\n\n', ["[golden] cahce", "unknown factor"]),
     ("golden registry rejects", 'scheduler = "fcfs"\n\n', 'cache = "disk"\n\n', ["[golden] cache", "'disk'"]),
     ("golden not a level", 'scheduler = "fcfs"\n\n', 'page_size = 32\n\n',
      ["[golden] page_size", "golden level 32", "levels: 1, 16"]),
+    ("golden factor not in matrix", 'scheduler = "fcfs"\n\n', 'pool = "static"\n\n',
+     ["[golden] pool", "'pool' is not in [factors]"]),
+    ("level import fails", 'scheduler = ["fcfs", "priority"]', 'scheduler = ["fcfs", "no.such.module:Queue"]',
+     ["[factors] scheduler", "cannot import module 'no.such.module'", "'no.such.module:Queue'"]),
+    ("level import no attribute", 'scheduler = ["fcfs", "priority"]', 'scheduler = ["fcfs", "tests.components:NoSuchQueue"]',
+     ["[factors] scheduler", "has no attribute 'NoSuchQueue'"]),
+    ("level in no allowed row", "# END", '[[constraints]]\nforbid = { page_size = 16, model = ["dense", "hybrid"] }\n'
+     'reason = "r"', ["[factors] page_size", "level 16 is in no allowed row", "#2"]),
+    ("level in no allowed row together", "# END", '[[constraints]]\nforbid = { page_size = 16, model = "dense" }\n'
+     'reason = "r"\n[[constraints]]\nforbid = { page_size = 16, model = "hybrid" }\nreason = "r"',
+     ["[factors] page_size", "level 16 is in no allowed row", "#2, #3"]),
     ("cost not a table", "[matrix]\n", "cost = 1\n[matrix]\n", ["[cost]", "expected a table", "int 1"]),
     ("cost unknown factor", "# END", "[cost]\ncahce = { off = 2 }", ["[cost] cahce", "unknown factor"]),
     ("cost factor not in matrix", "# END", "[cost]\npool = { static = 2 }", ["[cost] pool", "'pool' is not in [factors]"]),
@@ -270,14 +319,24 @@ BAD = [
     ("cost zero", "# END", "[cost]\ncache = { device = 0 }", ["[cost] cache.device", "0 is not a positive finite cost"]),
     ("cost negative", "# END", "[cost]\ncache = { device = -2.5 }", ["[cost] cache.device", "-2.5 is not a positive"]),
     ("cost infinite", "# END", "[cost]\ncache = { device = inf }", ["[cost] cache.device", "inf is not a positive"]),
+    ("cost too large", "# END", "[cost]\ncache = { device = 1e308 }", ["[cost] cache.device", "1e+308 is too large"]),
+    ("stronger not t-wise", 'mode = "t-wise"\nstrength = 2', 'mode = "full"',
+     ["[[stronger]] #1", "only for mode 't-wise'"]),
+    ("stronger unknown factor", '"scheduler", "page_size"]', '"scheduler", "pool"]',
+     ["[[stronger]] #1 factors", "'pool' is not in [factors]"]),
+    ("stronger strength not above", "strength = 3\n# END", "strength = 2\n# END",
+     ["[[stronger]] #1 strength", "2 must be above the matrix strength 2"]),
+    ("stronger strength string", "strength = 3\n# END", 'strength = "3"\n# END',
+     ["[[stronger]] #1 strength", "must be an integer"]),
 ]
 
 
 @pytest.mark.parametrize(("old", "new", "fragments"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
 def test_bad_input_names_file_key_and_value(tmp_path: Path, old: str, new: str, fragments: list[str]) -> None:
-    assert old in VALID, "the case must change the valid file"
+    base = VALID + STRONGER if "stronger" in (old + new + " ".join(fragments)) else VALID
+    assert old in base, "the case must change the valid file"
     with pytest.raises(MatrixError) as info:
-        load(tmp_path, VALID.replace(old, new, 1))
+        load(tmp_path, base.replace(old, new, 1))
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(str(tmp_path / "matrices" / "smoke.toml") + ": ")

@@ -10,7 +10,7 @@ from harness.progress import RunProgress
 
 def drive(progress: RunProgress) -> None:
     with progress:
-        progress.cell("model:dense-cache:device")
+        progress.cell("/model:dense/cache:device/")
         progress.step("system_prompt/warm")
         progress.advance()
         progress._progress.refresh()
@@ -20,7 +20,7 @@ def test_progress_shows_counts_cell_and_pass_on_a_terminal() -> None:
     screen = io.StringIO()
     drive(RunProgress(3, enabled=True, console=Console(file=screen, force_terminal=True, width=160)))
     shown = screen.getvalue()
-    assert "1/3" in shown and "model:dense-cache:device · system_prompt/warm" in shown
+    assert "1/3" in shown and "/model:dense/cache:device/ · system_prompt/warm" in shown
     assert "0:00:0" in shown and "eta" in shown
 
 

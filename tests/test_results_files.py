@@ -44,7 +44,7 @@ def test_second_shard_keeps_the_first_shards_rows(tmp_path: Path, resume: bool) 
 
 def test_run_cell_selects_one_cell_and_names_an_unknown_one(tmp_path: Path, capsys) -> None:
     path, report = write_matrix(tmp_path), tmp_path / "out"
-    cell = "model:dense-scheduler:priority-page_size:16"
+    cell = "/model:dense/scheduler:priority/page_size:16/"
     assert main(["run", "--matrix", str(path), "--report-dir", str(report), "--cell", cell]) == 0
     assert [r["cell_id"] for r in records(report)] == [cell]
     assert main(["run", "--matrix", str(path), "--report-dir", str(report), "--cell", cell + "x"]) == 2

@@ -389,8 +389,8 @@ class Engine:
         ]
 
     def _finish(self, req: Request) -> None:
-        """Hand the prompt's whole pages (and snapshots) to the cache, free everything else."""
-        aligned = len(req.spec.prompt) // self.page_size * self.page_size
+        """Hand the prompt's whole computed pages (and snapshots) to the cache, free everything else."""
+        aligned = min(len(req.spec.prompt), req.num_computed) // self.page_size * self.page_size
         n_pages = aligned // self.page_size
         snapshots = {pos: slot for pos, slot in req.checkpoint_slots.items() if pos <= aligned}
         result = self.cache.insert(req.spec.prompt[:aligned], req.pages[:n_pages], snapshots if self.config.model.is_hybrid else None)

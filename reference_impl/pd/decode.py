@@ -14,7 +14,7 @@ Who owns what, from bootstrap to adoption (the handoff SGLang #33362 had to fenc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -122,17 +122,17 @@ class DecodeServer:
         self.aux = torch.zeros(AUX_SLOTS, aux_width(config.topk, hidden), dtype=torch.float64)
         self.aux_slots = IdAllocator(AUX_SLOTS, "metadata slot")
         pages = chunk_pages(config)
-        layout = WireLayout(parts, parts[0].geometry, ViewGeometry.of(self.aux, self.regions), (), config.decode_tp, pages)
+        self.layout = WireLayout(parts, parts[0].geometry, ViewGeometry.of(self.aux, self.regions), (),
+                                 config.decode_tp, pages)
         self.ring: StagingRing | None = None
         self.staging: list[torch.Tensor] = []
         if config.pd_staging:
             slots = -(-config.num_pages // pages) + 1  # room for the largest request the pool can hold
             self.ring = StagingRing(slots, pages)
-            self.staging = [torch.zeros(slots, pages * piece_bytes(layout, h), dtype=torch.uint8)
+            self.staging = [torch.zeros(slots, pages * piece_bytes(self.layout, h), dtype=torch.uint8)
                             for h in range(config.decode_tp)]
-        staging = tuple(ViewGeometry.of(buf, self.regions) for buf in self.staging)
-        self.layout = WireLayout(parts, parts[0].geometry, layout.aux, staging, config.decode_tp, pages,
-                                 self.ring.slots if self.ring else 0)
+            self.layout = replace(self.layout, staging=tuple(ViewGeometry.of(b, self.regions) for b in self.staging),
+                                  staging_slots=slots)
 
     # -- the handoff ---------------------------------------------------------------------
     def _moves_refused(self) -> bool:

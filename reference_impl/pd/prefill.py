@@ -10,6 +10,7 @@ on. Physical ids of this side are translated once per chunk, when the chunk is s
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import torch
 
@@ -63,10 +64,10 @@ class PrefillEngine(Engine):
         self._finish(self.inflight.pop(rid))
 
     def abort(self, rid: str) -> None:
-        """The transfer failed: free the request's memory, running or parked."""
+        """The transfer failed: its computed prompt pages are still good KV, so cache them; free the rest."""
         req = self.inflight.pop(rid, None) or self.request(rid)
         if req is not None:
-            self._release(req)
+            self._finish(req)
 
 
 class KVSender:
@@ -82,13 +83,11 @@ class KVSender:
         parts = kv_parts(engine.pools, engine.proposer, self.regions)
         self.hidden = config.model.hidden if engine.proposer.draft_kv() else 0
         self.aux = torch.zeros(1, aux_width(config.topk, self.hidden), dtype=torch.float64)
-        probe = WireLayout(parts, parts[0].geometry, ViewGeometry.of(self.aux, self.regions), (), decode.shards,
-                           decode.chunk_pages)
-        self.send_buffers = [torch.zeros(1, decode.chunk_pages * piece_bytes(probe, h), dtype=torch.uint8)
+        layout = WireLayout(parts, parts[0].geometry, ViewGeometry.of(self.aux, self.regions), (), decode.shards,
+                            decode.chunk_pages)
+        self.send_buffers = [torch.zeros(1, decode.chunk_pages * piece_bytes(layout, h), dtype=torch.uint8)
                              for h in range(decode.shards)] if decode.staging else []
-        self.layout = WireLayout(parts, parts[0].geometry, probe.aux,
-                                 tuple(ViewGeometry.of(b, self.regions) for b in self.send_buffers), decode.shards,
-                                 decode.chunk_pages)
+        self.layout = replace(layout, staging=tuple(ViewGeometry.of(b, self.regions) for b in self.send_buffers))
         gate_moves(engine.pools, self.in_flight, config.faults)
         self._transfers: dict[str, Transfer] = {}
 
