@@ -29,9 +29,11 @@ sys.path.insert(0, str(ROOT))
 #: module groups mutated, and the unit tests that judge a mutant the matrix let through.
 GROUPS = {
     "cache": ("reference_impl/cache", ["tests/test_radix_cache.py", "tests/test_tiers.py", "tests/test_stores.py"]),
-    "memory": ("reference_impl/memory", ["tests/test_unified_pool.py", "tests/test_poison.py", "tests/test_tiers.py"]),
+    "memory": ("reference_impl/memory", ["tests/test_unified_pool.py", "tests/test_poison.py", "tests/test_tiers.py",
+                                         "tests/test_pd.py"]),
     "spec": ("reference_impl/spec", ["tests/test_spec.py"]),
-    "engine": ("reference_impl/engine", ["tests/test_engine.py", "tests/test_spec.py", "tests/test_radix_cache.py"]),
+    "engine": ("reference_impl/engine", ["tests/test_engine.py", "tests/test_spec.py", "tests/test_radix_cache.py",
+                                         "tests/test_faults.py::test_fault_fails_exactly_its_trigger_cells[slot_stride_int32]"]),
 }
 JUDGE_TIMEOUT_S, UNIT_TIMEOUT_S = 300, 300
 
