@@ -1,8 +1,9 @@
-"""pool_audit and batch_invariance seen to fire: damage planted in a real engine or run reaches the oracle.
+"""pool_audit, batch_invariance and cached_tokens seen to fire: damage planted in a real engine or run reaches the oracle.
 
 Each pool_audit check (a leaked page, a page or slot owned twice, a freed page read) is planted in a
 live engine and must come out of ``Engine.audit`` as the oracle's finding; the alone-vs-batch half of
-batch_invariance must fail when the alone runs differ from the batch in any bit.
+batch_invariance must fail when the alone runs differ from the batch in any bit; cached_tokens must fail
+on a hit lost in a capped pass and in a later round of the cold pass (its lower bounds).
 """
 from __future__ import annotations
 
@@ -89,3 +90,39 @@ def test_alone_runs_that_differ_from_the_batch_fail_batch_invariance(tmp_path: P
     monkeypatch.setattr(runner, "Engine", lambda config: Engine(replace(config, deterministic=False)))
     verdict = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["batch_invariance"]
     assert verdict.status == "fail" and {d["against"] for d in verdict.detail} == {"solo"}
+
+
+def one_cell(tmp_path: Path, workload: str, **factors: str) -> tuple:
+    lines = "\n".join(f'{name} = ["{level}"]' for name, level in factors.items())
+    path = tmp_path / "m.toml"
+    path.write_text(f'[matrix]\nname = "m"\nmode = "full"\nworkloads = ["{workload}"]\n[factors]\n{lines}\npage_size = [16]\n')
+    spec = load_matrix(str(path))
+    return spec, generate(spec)[0]
+
+
+def test_a_hit_lost_in_a_capped_pass_fails_cached_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """burst evicts L1 under its 256-token pool, but L2 keeps every page: the warm pass must hit everything."""
+    from reference_impl.cache.tiered import HostCache
+
+    spec, cell = one_cell(tmp_path, "burst", cache="host", deterministic="off")
+    assert run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"].status == "pass"
+    monkeypatch.setattr(HostCache, "load_back", lambda self, tokens, match: match)  # L2's part of every hit is lost
+    verdict = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"]
+    assert verdict.status == "fail" and {d["pass"] for d in verdict.detail} == {"warm"}
+
+
+def test_a_hit_lost_in_a_later_round_of_the_cold_pass_fails_cached_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """templated's second round must hit the heads the first round cached (32 tokens)."""
+    from reference_impl.cache.radix import RadixCache
+
+    spec, cell = one_cell(tmp_path, "templated", cache="device", deterministic="off")
+    original = RadixCache.match_prefix
+
+    def lose_short_hits(self, tokens):
+        match = original(self, tokens)
+        return original(self, tokens[:0]) if match.matched_tokens == 32 else match
+
+    monkeypatch.setattr(RadixCache, "match_prefix", lose_short_hits)
+    verdict = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"]
+    assert verdict.status == "fail" and {(d["pass"], d["request"]) for d in verdict.detail} == {
+        ("cold", "templated-2"), ("cold", "templated-3")}
