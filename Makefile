@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kvmatrix-installed
 REPORT_DIR ?= reports/out
 PYTEST_WORKERS ?= auto
 
-.PHONY: matrix test test-slow bench gpu-wheels clean
+.PHONY: matrix test test-slow bench mutation gpu-wheels clean
 
 # NIXL (pd = nixl) goes in without its dependencies: its plain requirement pulls a CUDA torch and
 # seventeen CUDA wheels; UCX ships inside nixl-cu12, which also runs on CPU memory. Mooncake's
@@ -34,6 +34,12 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# mutation score of reference_impl's cache, memory, spec and engine (not CI: ~40 min on 2 cores; BENCHMARKS.md)
+MUTANTS_PER_GROUP ?= 12
+mutation: $(STAMP)
+	$(PY) -m pip install --quiet cosmic-ray==8.7.0
+	$(PY) benchmarks/mutation.py run --per-group $(MUTANTS_PER_GROUP) --out $(REPORT_DIR)/mutation
 
 # wheels scripts/gpu-check installs on a GPU machine that lacks them (Python 3.12, x86-64)
 gpu-wheels:
