@@ -209,7 +209,7 @@ SPEC_FINISH_PAGE_LEAK = Fault(
     ),
 )
 
-PD = ("inproc", "nixl")
+PD = ("inproc", "nixl", "mooncake")
 
 PD_STAGING_GRID_SHIFT = Fault(
     name="pd_staging_grid_shift",
