@@ -12,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fixtures.workloads import WORKLOADS as ALL_WORKLOADS  # noqa: E402
 from fixtures.workloads import load_workload  # noqa: E402
 from harness.runner import configure_torch, run_workload  # noqa: E402
 from reference_impl.spec.verify import outputs_accept_stats  # noqa: E402
@@ -37,8 +38,32 @@ def measure(model: str, spec: str) -> dict[str, float | None]:
             "rate": stats.acceptance_rate, "seconds": seconds}
 
 
+#: the configurations an accept band must hold across: golden levels, the cache on the unified pool, non-deterministic.
+BAND_LEVELS = ({}, {"cache": "device", "page_size": 16, "pool": "unified"},
+               {"cache": "device", "page_size": 16, "deterministic": "off"})
+
+
+def bands() -> None:
+    """Per workload, model and proposer: the lowest and highest mean accept length of a pass (requests never
+    preempted, as the oracle counts them), as a Python table."""
+    print("MEASURED_ACCEPT = {")
+    for name in ALL_WORKLOADS:
+        for model in ("dense", "hybrid"):
+            for spec in SPECS[1:]:
+                means = []
+                for levels in BAND_LEVELS:
+                    run = run_workload({"model": model, "spec": spec, **levels}, load_workload(name), frozenset())
+                    kept = [[o for o in p.outputs if not o.preemptions] for p in run.passes.values()]
+                    means += [outputs_accept_stats(outs).mean_accept_length or 1.0 for outs in kept]
+                print(f"    ({name!r}, {model!r}, {spec!r}): ({min(means):.4f}, {max(means):.4f}),", flush=True)
+    print("}")
+
+
 def main() -> None:
     configure_torch()
+    if "--bands" in sys.argv:
+        bands()
+        return
     print("decode tokens per target forward (4 workloads, cold + warm, cache=device, page 16, k=3):")
     print("| model | spec | tokens / target forward | mean accept length | acceptance rate | engine s |")
     print("|---|---|---|---|---|---|")

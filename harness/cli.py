@@ -193,7 +193,8 @@ def cmd_kill(args: argparse.Namespace) -> int:
 def cmd_faults(args: argparse.Namespace) -> int:
     for fault in FAULTS.values():
         triggers = " and ".join(f"{name} in {{{', '.join(map(str, levels))}}}" for name, levels in fault.triggers.items())
-        print(f"{fault.name}\n  incident: {fault.incident}\n  triggers: {triggers}\n  seen by:  {fault.oracle}")
+        seen = f"{fault.oracle} ({fault.exception})" if fault.exception else fault.oracle
+        print(f"{fault.name}\n  incident: {fault.incident}\n  triggers: {triggers}\n  seen by:  {seen}")
     return 0
 
 

@@ -50,7 +50,7 @@ def build_engine_config(
         page_size=page_size,
         num_pages=workload.num_pages(page_size),
         host_pages=workload.host_pages(page_size),
-        num_state_slots=STATE_SLOTS,
+        num_state_slots=workload.state_slots or STATE_SLOTS,
         state_interval=STATE_INTERVAL,
         faults=faults,
         device=device,

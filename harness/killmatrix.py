@@ -15,7 +15,7 @@ from harness.engine_setup import engine_levels
 from harness.matrix import Cell, MatrixSpec, generate
 from harness.parallel import execute
 from harness.runner import CellResult, GoldenRuns, plan_cell
-from reference_impl.faults import FAULTS
+from reference_impl.faults import FAULTS, Fault
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +53,20 @@ class FaultCheck:
         return bool(self.triggered & self.seen_by_oracle)
 
 
-def _seen(result: CellResult, oracle: str) -> bool:
-    if oracle == "error":
-        return result.status == "error"
-    verdict = result.oracles.get(oracle)
+def raised(error: str | None) -> str | None:
+    """The class name of the exception a cell's traceback ends with (``IndexError``), None without one."""
+    if not error:
+        return None
+    last = error.strip().splitlines()[-1]
+    head = last.split(":", 1)[0].strip()
+    return head.rsplit(".", 1)[-1] if head and " " not in head else None
+
+
+def _seen(result: CellResult, fault: Fault) -> bool:
+    """Whether the cell shows the damage the way ``fault`` says: its oracle failed, or it raised its exception."""
+    if fault.oracle == "error":
+        return result.status == "error" and raised(result.error) == fault.exception
+    verdict = result.oracles.get(fault.oracle)
     return verdict is not None and verdict.status == "fail"
 
 
@@ -100,6 +110,6 @@ def _sort(fault_name: str, cells: Sequence[Cell], results: Sequence[CellResult],
             triggered.add(cell.cell_id)
         if result.status in ("fail", "error"):
             failed.add(cell.cell_id)
-        if _seen(result, fault.oracle):
+        if _seen(result, fault):
             seen.add(cell.cell_id)
     return FaultCheck(fault_name, len(cells), frozenset(triggered), frozenset(failed), frozenset(seen), seconds)

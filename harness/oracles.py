@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fixtures.spec_expect import drafted_trace, ngram_trace
 from fixtures.workloads import tier_text
 from reference_impl.request import TIERS, RequestOutput
 from reference_impl.spec.verify import outputs_accept_stats
@@ -65,6 +66,10 @@ class PassView:
     spec_reference: list[RequestOutput] | None = None  # golden levels with the cell's spec algorithm (spec cells)
     max_accept_length: int = 1                     # k + 1: the most a verify step can emit
     aborts_allowed: bool = False                   # PD with injected transport failures: "aborted" is a valid end
+    spec: str = "none"                             # the cell's proposer level
+    prompts: dict[str, tuple[int, ...]] = field(default_factory=dict)  # rid -> prompt submitted
+    accept_band: tuple[float, float] | None = None  # the workload's measured mean accept length for this proposer
+    counters: dict[str, int] | None = None         # the engine's own decode counters over this pass (EngineStats)
 
     def by_rid(self) -> dict[str, RequestOutput]:
         return {o.rid: o for o in self.outputs}
@@ -295,8 +300,83 @@ def _movers(got: Sequence[RequestOutput], want: Sequence[RequestOutput]) -> list
     return [{"request": rid, "drop": round(drop, 4)} for drop, rid in sorted(moved, reverse=True)[:3] if drop > 0]
 
 
+def _relative_findings(view: PassView, cold: dict[str, list[RequestOutput]]) -> list[dict]:
+    """Against golden-with-this-proposer and warm against cold: no drop beyond tolerance, never above k + 1."""
+    findings = []
+    references = [("golden", view.spec_reference)]
+    if view.name == "warm" and view.workload in cold:
+        references.append(("cold", cold[view.workload]))
+    for against, reference in references:
+        # only requests present on both sides: a lost request is completeness's finding, not this one's
+        outputs = [o for o in reference if o.rid in {o.rid for o in view.outputs}]
+        got = _mean_or_one([o for o in view.outputs if o.rid in {o.rid for o in reference}])
+        want = _mean_or_one(outputs)
+        if got < want * (1 - ACCEPT_TOLERANCE) or got > view.max_accept_length:
+            findings.append({
+                "workload": view.workload, "pass": view.name, "check": "relative", "against": against,
+                "expected": round(want, 4), "got": round(got, 4), "max": view.max_accept_length,
+                "histogram": outputs_accept_stats(view.outputs).to_json()["histogram"],
+                "expected_histogram": outputs_accept_stats(outputs).to_json()["histogram"],
+                "movers": _movers(view.outputs, outputs),
+            })
+    return findings
+
+
+def _band_findings(view: PassView) -> list[dict]:
+    """The pass's mean accept length (requests never preempted) inside the band measured for this workload and
+    proposer, not taken from golden."""
+    if view.accept_band is None:
+        return []
+    lo, hi = view.accept_band
+    # a preempted request restarts its step grid with a token from prefill: its steps are not the workload's
+    got = _mean_or_one([o for o in view.outputs if o.finish_reason == "length" and not o.preemptions])
+    if lo <= got <= hi:
+        return []
+    return [{"workload": view.workload, "pass": view.name, "check": "band", "against": "measured band",
+             "expected": f"{lo}..{hi}", "got": round(got, 4), "max": view.max_accept_length,
+             "histogram": outputs_accept_stats(view.outputs).to_json()["histogram"]}]
+
+
+def _recount_findings(view: PassView) -> list[dict]:
+    """The accept accounting agrees with the engine's own counters of decode forwards and emitted tokens."""
+    if view.counters is None:
+        return []
+    finished = [o for o in view.outputs if o.finish_reason == "length"]
+    stats = outputs_accept_stats(finished)
+    books = {
+        "verify steps": (stats.steps, view.counters["verify_steps"]),
+        "tokens emitted by verify steps": (stats.emitted, view.counters["verify_emitted"]),
+        "decode forwards": (sum(len(o.accepted) for o in finished), view.counters["decode_forwards"]),
+        "tokens emitted by decode": (sum(a + 1 for o in finished for a in o.accepted), view.counters["emitted_tokens"]),
+    }
+    return [{"workload": view.workload, "pass": view.name, "check": "recount", "against": "engine counters",
+             "what": what, "expected": counted, "got": reported}
+            for what, (reported, counted) in books.items() if reported != counted]
+
+
+def _trace_findings(view: PassView, k: int) -> list[dict]:
+    """Per request, each step drafted what the proposer must (ngram: and accepted what prompt lookup implies)."""
+    findings = []
+    for out in view.outputs:
+        want = view.requested.get(out.rid)
+        if want is None or out.finish_reason != "length" or out.preemptions or out.rid not in view.prompts:
+            continue  # a preempted request's recompute emits a token from prefill: the step grid restarts
+        if view.spec == "ngram":
+            accepted, drafted = ngram_trace(view.prompts[out.rid], out.tokens, k, want)
+        else:
+            accepted, drafted = list(out.accepted), drafted_trace(out.accepted, k, want)
+        if (list(out.accepted), list(out.drafted)) != (accepted, drafted):
+            step = _first_divergence([*zip(out.accepted, out.drafted), None], [*zip(accepted, drafted), None])
+            findings.append({"workload": view.workload, "pass": view.name, "check": "trace", "request": out.rid,
+                             "against": "prompt lookup replay" if view.spec == "ngram" else "draft room", "step": step,
+                             "expected": {"accepted": accepted[step:step + 4], "drafted": drafted[step:step + 4]},
+                             "got": {"accepted": out.accepted[step:step + 4], "drafted": out.drafted[step:step + 4]}})
+    return findings
+
+
 def accept_length_oracle(views: Sequence[PassView]) -> Verdict:
-    """Spec cells: mean accept length holds against golden-with-this-spec and warm against cold, within bounds."""
+    """Spec cells: accept length holds against golden-with-this-spec, warm against cold, the workload's measured
+    band and the engine's own counters; each request drafted (and, for ngram, accepted) what it must."""
     armed = [v for v in views if v.spec_reference is not None]
     if not armed:
         return Verdict("accept_length", "skip", "no speculative decoding")
@@ -304,25 +384,12 @@ def accept_length_oracle(views: Sequence[PassView]) -> Verdict:
     findings, means = [], []
     for view in armed:
         means.append(_mean_or_one(view.outputs))
-        references = [("golden", view.spec_reference)]
-        if view.name == "warm" and view.workload in cold:
-            references.append(("cold", cold[view.workload]))
-        for against, reference in references:
-            # only requests present on both sides: a lost request is completeness's finding, not this one's
-            outputs = [o for o in reference if o.rid in {o.rid for o in view.outputs}]
-            got = _mean_or_one([o for o in view.outputs if o.rid in {o.rid for o in reference}])
-            want = _mean_or_one(outputs)
-            if got < want * (1 - ACCEPT_TOLERANCE) or got > view.max_accept_length:
-                findings.append({
-                    "workload": view.workload, "pass": view.name, "against": against,
-                    "expected": round(want, 4), "got": round(got, 4), "max": view.max_accept_length,
-                    "histogram": outputs_accept_stats(view.outputs).to_json()["histogram"],
-                    "expected_histogram": outputs_accept_stats(outputs).to_json()["histogram"],
-                    "movers": _movers(view.outputs, outputs),
-                })
+        findings += _relative_findings(view, cold) + _band_findings(view) + _recount_findings(view)
+        findings += _trace_findings(view, view.max_accept_length - 1)
     return _verdict("accept_length", findings, f"mean accept length {min(means):.3f}..{max(means):.3f} as expected",
-                    lambda f: f"{len(f)} pass(es) off; first: {f[0]['workload']}/{f[0]['pass']} vs {f[0]['against']}: "
-                              f"mean accept length {f[0]['got']} (expected {f[0]['expected']}, max {f[0]['max']})")
+                    lambda f: f"{len(f)} finding(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['check']} vs {f[0]['against']}: "
+                              f"{f[0].get('what') or f[0].get('request') or 'mean accept length'} {f[0]['got']} "
+                              f"(expected {f[0]['expected']})")
 
 
 ORACLES: dict[str, Oracle] = {

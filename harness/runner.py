@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import signal
+import tempfile
 import threading
 import time
 import traceback
@@ -12,11 +13,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from fixtures.spec_expect import accept_band
 from fixtures.workloads import CachedExpectation, Workload, load_workload
 from harness.engine_setup import STATE_INTERVAL, build_engine_config, engine_levels, make_engine
 from harness.matrix import Cell, MatrixSpec
 from harness.oracles import PASSES, PassView, Verdict, judge
 from reference_impl.cache.radix import NoCache
+from reference_impl.cache.stores import FileStore
+from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine, EngineStats
 from reference_impl.pd.disagg import DisaggEngine
 from reference_impl.request import TIERS, RequestOutput
@@ -53,6 +57,7 @@ class PassRecord:
     outputs: list[RequestOutput]
     nan_events: list
     audit: list[str]
+    counters: dict[str, int] = field(default_factory=dict)  # the engine's decode counters over this pass alone
 
 
 @dataclass(slots=True)
@@ -74,6 +79,8 @@ class WorkloadRun:
     tiers: tuple[str, ...] = ()  # the cache's tiers below L1 ("host", "storage")
     pd: dict | None = None       # PD cells: what crossed between the engines (DisaggEngine.counters)
     aborts_allowed: bool = False  # PD cells that inject transport failures may report requests aborted
+    spec: str = "none"            # the proposer level
+    model: str = ""               # the model level (names the accept band)
 
 
 def run_workload(
@@ -88,18 +95,16 @@ def run_workload(
     # A store namespace of its own: a shared Redis must not carry one run's prefixes into another's cold pass.
     config = replace(build_engine_config(levels, workload, faults, device), tenant=f"run-{uuid.uuid4().hex}")
     started = time.perf_counter()
-    engine = make_engine(config)
-    try:
-        passes = {}
-        for name in PASSES:
-            step(f"{workload.name}/{name}")
-            seen = len(engine.nan_events)
-            outputs = engine.generate(workload.requests)
-            passes[name] = PassRecord(outputs, engine.nan_events[seen:], engine.audit())
-        stats, tiers = engine.stats, engine.cache.lower_tiers
-        pd = engine.counters() if isinstance(engine, DisaggEngine) else None
-    finally:
-        engine.close()
+    with _store_for(config, workload) as config:
+        engine = make_engine(config)
+        try:
+            passes = {name: _serve(engine, workload, name, step) for name in PASSES}
+            stats, tiers = engine.stats, engine.cache.lower_tiers
+            pd = engine.counters() if isinstance(engine, DisaggEngine) else None
+        finally:
+            engine.close()
+        if workload.isolation and "storage" in tiers:
+            passes.update(_isolation_passes(config, workload, step))
     solo = None
     if config.deterministic:
         step(f"{workload.name}/alone")
@@ -113,7 +118,53 @@ def run_workload(
         tiers,
         pd,
         config.pd_fail_rate > 0,
+        str(engine_levels(levels)["spec"]),
+        config.model.name,
     )
+
+
+def _serve(engine: Engine | DisaggEngine, workload: Workload, name: str, step: Callable[[str], None]) -> PassRecord:
+    """One pass of ``workload``: its rounds one after the other, then the idle engine's audit."""
+    step(f"{workload.name}/{name}")
+    seen, before = len(engine.nan_events), replace(engine.stats)
+    outputs = [out for group in workload.rounds() for out in engine.generate(group)]
+    return PassRecord(outputs, engine.nan_events[seen:], engine.audit(), _counted(before, engine.stats))
+
+
+@contextmanager
+def _store_for(config: EngineConfig, workload: Workload) -> Iterator[EngineConfig]:
+    """The cell's config; for an isolation workload on the file store, one directory every engine of the run shares."""
+    if not workload.isolation or config.store_location is not None or config.store is not FileStore:
+        yield config
+        return
+    with tempfile.TemporaryDirectory(prefix="kvmatrix-shared-store-") as location:
+        yield replace(config, store_location=location)
+
+
+#: extra passes of an isolation workload in a storage cell: (pass, tenant suffix) on the cell's store.
+ISOLATION_PASSES = (("tenant", "-other"), ("instance", ""))
+
+
+def _isolation_passes(config: EngineConfig, workload: Workload, step: Callable[[str], None]) -> dict[str, PassRecord]:
+    """The prompts again on the same store: from a second tenant (must hit nothing), then from a second
+    engine of the cell's tenant, with an empty L1 and L2 (must hit everything the store holds)."""
+    passes = {}
+    for name, suffix in ISOLATION_PASSES:
+        engine = make_engine(replace(config, tenant=config.tenant + suffix))
+        try:
+            passes[name] = _serve(engine, workload, name, step)
+        finally:
+            engine.close()
+    return passes
+
+
+#: the EngineStats counters the accept_length oracle recounts the accept accounting from.
+DECODE_COUNTERS = ("decode_forwards", "emitted_tokens", "verify_steps", "verify_emitted")
+
+
+def _counted(before: EngineStats, after: EngineStats) -> dict[str, int]:
+    """What the engine counted between two snapshots of its stats."""
+    return {name: getattr(after, name) - getattr(before, name) for name in DECODE_COUNTERS}
 
 
 class GoldenRuns:
@@ -179,36 +230,40 @@ class CellResult:
 def _expected(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]:
     """The workload's cached-token expectation for one pass of ``run``.
 
-    A cell that injects transport failures (PD) retries a request whose transfer failed, and the retry
-    may hit the pages its first attempt computed: any pass may then reach what all prompts imply. A
-    request aborted in the cold pass may have cached only part of its prompt: the warm pass must reach
-    at least what the completed requests' prompts imply.
+    The cold and warm passes get the workload's bounds. An isolation workload's second tenant must hit
+    nothing at all, its second engine what the warm pass hits (from whichever tier). A cell that injects
+    transport failures (PD) retries a request whose transfer failed, and the retry may hit the pages its
+    first attempt computed: any pass may then reach what all prompts imply. A request aborted in the cold
+    pass may have cached only part of its prompt: the warm pass must reach at least what the completed
+    requests' prompts imply.
     """
-    if not run.cache_enabled:
+    if not run.cache_enabled or name == "tenant":
         return {r.rid: CachedExpectation(0, 0, run.page_size) for r in run.workload.requests}
     args = dict(page_size=run.page_size, state_interval=STATE_INTERVAL, hybrid=run.hybrid,
                 chunk_size=run.chunk_size, tiers=run.tiers)
     if not run.aborts_allowed:
-        return run.workload.expected_cached(**args, warm=name == "warm")
+        expected = run.workload.expected_cached(**args, warm=name != "cold")
+        if name == "instance":
+            return {rid: replace(e, host=None, storage=None) for rid, e in expected.items()}
+        return expected
     ceiling = run.workload.expected_cached(**args, warm=True)
     completed = {o.rid for o in run.passes["cold"].outputs if o.finish_reason == "length"}
-    floor = run.workload.expected_cached(**args, warm=True, cached_from=completed) if name == "warm" else None
+    floor = run.workload.expected_cached(**args, warm=True, cached_from=completed) if name != "cold" else None
     return {rid: CachedExpectation(floor[rid].lo if floor else 0, e.hi, e.page_size, None, None)
             for rid, e in ceiling.items()}
 
 
 def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | None) -> list[PassView]:
     views = []
-    for name in PASSES:
-        record = run.passes[name]
-        expected = _expected(run, name)
+    for name, record in run.passes.items():
         reference, reference_name = (run.solo, "solo") if name == "cold" else (run.passes["cold"].outputs, "cold")
         views.append(PassView(
             run.workload.name, name, record.outputs, golden.passes["cold"].outputs,
-            {r.rid: r.max_new_tokens for r in run.workload.requests}, expected,
+            {r.rid: r.max_new_tokens for r in run.workload.requests}, _expected(run, name),
             record.nan_events, record.audit, run.dtype, run.deterministic, run.hybrid, reference, reference_name,
             spec_golden.passes["cold"].outputs if spec_golden else None, run.num_draft_tokens + 1,
-            run.aborts_allowed,
+            run.aborts_allowed, run.spec, {r.rid: r.prompt for r in run.workload.requests},
+            accept_band(run.workload.name, run.model, run.spec, run.num_draft_tokens), record.counters or None,
         ))
     return views
 

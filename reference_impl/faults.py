@@ -20,6 +20,7 @@ class Fault:
     triggers: Mapping[str, tuple[object, ...]]  # a cell is a trigger cell when every factor listed has one of these levels
     oracle: str  # the oracle that must fail on trigger cells ("error" when the cell must crash)
     doc: str
+    exception: str | None = None  # oracle "error": the exception type the crash must raise (its class name)
 
     def triggered_by(self, factors: Mapping[str, object]) -> bool:
         """Whether a cell with these factor levels exercises the broken path."""
@@ -81,13 +82,14 @@ SLOT_STRIDE_INT32 = Fault(
 DRAFT_STATE_NOT_CACHED = Fault(
     name="draft_state_not_cached",
     incident="SGLang #30393 (device-tier form): the radix cache keeps the target's KV but not the draft state",
-    triggers={"spec": ("draft", "mtp"), "cache": ("device",)},
+    triggers={"spec": ("draft", "mtp"), "cache": ("device", "host", "storage")},
     oracle="accept_length",
     doc=(
         "When a finished prompt's pages enter the prefix cache, the draft pool's K/V of those pages is "
         "dropped; a later hit restores the target's K/V (tokens and cached_tokens stay right) while the "
         "draft reads nothing where its context should be, so its proposals and the accept length collapse. "
-        "Stateless proposers (none, ngram) and cache=off never show it."
+        "The L1 radix cache is the same under cache=host and cache=storage (HiCache keeps a device tree too), "
+        "so those hit the lost state as well. Stateless proposers (none, ngram) and cache=off never show it."
     ),
 )
 
@@ -96,6 +98,7 @@ MTP_LAYER_INDEX_OOB = Fault(
     incident="vLLM #49642: the MTP layer's index (num_layers) used on a per-layer table of length num_layers",
     triggers={"spec": ("mtp",)},
     oracle="error",
+    exception="IndexError",
     doc=(
         "Loading the MTP layer looks its layer kind up in the model's per-layer table without the bounds "
         "check: index num_layers is one past the end, an IndexError at load, so the cell is an error. "
@@ -128,7 +131,85 @@ MAMBA_WHOLE_BLOCK_OFFLOAD = Fault(
     ),
 )
 
-PD = ("inproc", "nixl")
+NGRAM_PROMPT_ONLY = Fault(
+    name="ngram_prompt_only",
+    incident="class: a proposer's lookup table built once at admission (prompt n-grams only), never extended with output",
+    triggers={"spec": ("ngram",)},
+    oracle="accept_length",
+    doc=(
+        "Prompt lookup searches only n-grams that lie inside the prompt, so once the output repeats itself "
+        "(the tiny dense model loops within 32 tokens) the proposer misses what a correct one drafts. Every "
+        "token stays the target's; a golden run with the same bug agrees with the cell, so only the replay of "
+        "prompt lookup over the request's own tokens sees it (seen on repeated_phrases, where every step drafts). "
+        "Draft models and plain decoding do not look anything up."
+    ),
+)
+
+TENANT_NAMESPACE_DROPPED = Fault(
+    name="tenant_namespace_dropped",
+    incident="vLLM #48069 (before it): the tenant id never reaches the shared store; deployments share one namespace",
+    triggers={"cache": ("storage",)},
+    oracle="cached_tokens",
+    doc=(
+        "Every engine writes and reads L3 under the default namespace whatever its tenant, so a second tenant "
+        "serving the same prompts on the same store (file or Redis) hits the first one's pages. Seen on the "
+        "isolation workload's second-tenant pass; L1 and L2 are per engine, so cache=device and host never show it."
+    ),
+)
+
+PAGE_KEY_FORGETS_PREFIX = Fault(
+    name="page_key_forgets_prefix",
+    incident="class: a block key hashed from the block's own tokens, not chained onto its prefix (cf. vLLM block hashes)",
+    triggers={"cache": ("host", "storage")},
+    oracle="cached_tokens",
+    doc=(
+        "L2 and L3 key a page by its own tokens only, so the same page-aligned chunk after a different head has "
+        "the same key: a request whose head is cached loads the chunk another head computed (wrong K/V, more "
+        "cached tokens than any prefix it shares). Needs text where one chunk follows two heads (templated); L1's "
+        "tree is keyed by path and cache=device never asks a key."
+    ),
+)
+
+DRAFT_PAGES_KEPT_ON_PREEMPT = Fault(
+    name="draft_pages_kept_on_preempt",
+    incident="class: SGLang retract under speculative decoding frees the target KV but not the sidecar draft KV",
+    triggers={"spec": ("draft",)},
+    oracle="error",
+    exception="PoolIntegrityError",
+    doc=(
+        "Preempting a request (recompute) gives its pages back to the target pool but leaves them live in the "
+        "draft's own pool, whose pages must be issued in lockstep: the next time the target issues one of them the "
+        "draft pool issues another and the engine stops with a PoolIntegrityError. Needs preemption while "
+        "speculating (spec_preempt); spec=mtp keeps its K/V in the target pool, plain and ngram have no draft pool."
+    ),
+)
+
+SPLIT_SNAPSHOT_TO_HEAD = Fault(
+    name="split_snapshot_to_head",
+    incident="class: SGLang MambaRadixCache node splits ('tombstones'): the Mamba value must stay with the node's end",
+    triggers={"model": ("hybrid",), "cache": ("device", "host", "storage")},
+    oracle="cached_tokens",
+    doc=(
+        "Splitting a cached node in the middle gives its snapshot to the new head, which ends before the snapshot's "
+        "position: a later prompt that shares exactly the head resumes from a state that has seen tokens it has not "
+        "(more cached tokens than any snapshot allows, wrong logprobs). Needs a divergence inside a multi-page node "
+        "that carries a snapshot (snapshot_split); dense models have no snapshots, cache=off no tree."
+    ),
+)
+
+SPEC_FINISH_PAGE_LEAK = Fault(
+    name="spec_finish_page_leak",
+    incident="class: SGLang 'KV cache pool leak detected' with speculative decoding: a request's last page not freed",
+    triggers={"spec": ("ngram", "draft", "mtp")},
+    oracle="pool_audit",
+    doc=(
+        "When a request that ran speculative decoding finishes, the page its last verify step wrote is dropped from "
+        "its table but never freed: one page leaks per request, silently until the pool runs dry. Plain decoding "
+        "frees it."
+    ),
+)
+
+PD = ("inproc", "nixl", "mooncake")
 
 PD_STAGING_GRID_SHIFT = Fault(
     name="pd_staging_grid_shift",
@@ -199,6 +280,8 @@ FAULTS: dict[str, Fault] = {
     for fault in (
         PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE, SLOT_STRIDE_INT32,
         DRAFT_STATE_NOT_CACHED, MTP_LAYER_INDEX_OOB, HICACHE_DRAFT_NOT_RESTORED, MAMBA_WHOLE_BLOCK_OFFLOAD,
+        NGRAM_PROMPT_ONLY, TENANT_NAMESPACE_DROPPED, PAGE_KEY_FORGETS_PREFIX, DRAFT_PAGES_KEPT_ON_PREEMPT,
+        SPLIT_SNAPSHOT_TO_HEAD, SPEC_FINISH_PAGE_LEAK,
         PD_STAGING_GRID_SHIFT, PD_VIRTUAL_IDS_ON_WIRE, PD_COMPACTION_IN_FLIGHT, PD_MAMBA_STATE_EARLY,
         PD_DRAFT_STATE_NOT_SENT,
     )

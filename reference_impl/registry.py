@@ -46,6 +46,7 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "off": "reference_impl.pd.transport:NO_DISAGGREGATION",
         "inproc": "reference_impl.pd.transport:InprocTransport",
         "nixl": "reference_impl.pd.nixl.conn:NixlTransport",
+        "mooncake": "reference_impl.pd.mooncake.conn:MooncakeTransport",
     },
     "spec": {
         "none": "reference_impl.spec.ngram:NoProposer",

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.killmatrix import check_fault
+from harness.killmatrix import _seen, check_fault, raised
+from harness.matrix import MatrixSpec
 from harness.matrix_file import load_matrix
-from harness.runner import GoldenRuns
+from harness.runner import CellResult, GoldenRuns
 from reference_impl.faults import FAULTS
 
 #: pool × backend × deterministic × poison around every unified-pool and Triton fault, on the
@@ -41,7 +42,7 @@ cache = ["off", "device"]
 page_size = [16]
 """
 
-#: every proposer with and without the prefix cache, on the workload whose warm pass hits prompts.
+#: every proposer with every cache, on the workload whose warm pass hits prompts.
 SPEC_FAULTS = """
 [matrix]
 name = "spec_faults"
@@ -51,21 +52,94 @@ workloads = ["system_prompt"]
 [factors]
 model = ["dense", "hybrid"]
 spec = ["none", "ngram", "draft", "mtp"]
+cache = ["off", "device", "host", "storage"]
+page_size = [16]
+"""
+
+#: every proposer and model on text that repeats (every step has a prompt-lookup match).
+NGRAM_FAULTS = """
+[matrix]
+name = "ngram_faults"
+mode = "full"
+workloads = ["repeated_phrases"]
+
+[factors]
+model = ["dense", "hybrid"]
+spec = ["none", "ngram", "draft", "mtp"]
+cache = ["device"]
+page_size = [16]
+deterministic = ["off"]
+"""
+
+#: every cache tier on the workload that serves its prompts again from a second tenant and a second engine.
+TENANT_FAULTS = """
+[matrix]
+name = "tenant_faults"
+mode = "full"
+workloads = ["isolation"]
+
+[factors]
+model = ["dense"]
+cache = ["off", "device", "host", "storage"]
+page_size = [16]
+"""
+
+
+def structured_faults(name: str, workload: str) -> str:
+    """Both models over every cache on one structured workload (chunks under two heads, a split, starved slots)."""
+    return f"""
+[matrix]
+name = "{name}"
+mode = "full"
+workloads = ["{workload}"]
+
+[factors]
+model = ["dense", "hybrid"]
+cache = ["off", "device", "host", "storage"]
+page_size = [16]
+"""
+
+
+#: every proposer and model on a workload whose decoding outgrows its pool (preemption while speculating).
+PREEMPT_FAULTS = """
+[matrix]
+name = "preempt_faults"
+mode = "full"
+workloads = ["spec_preempt"]
+
+[factors]
+model = ["dense", "hybrid"]
+spec = ["none", "ngram", "draft", "mtp"]
+cache = ["device"]
+page_size = [16]
+deterministic = ["off"]
+"""
+
+#: every proposer, with and without the cache, on the cheapest workload that decodes.
+LEAK_FAULTS = """
+[matrix]
+name = "leak_faults"
+mode = "full"
+workloads = ["pair"]
+
+[factors]
+model = ["dense"]
+spec = ["none", "ngram", "draft", "mtp"]
 cache = ["off", "device"]
 page_size = [16]
 """
 
-#: every cache tier × proposer × model, on the workloads whose warm pass reloads tails from L2 and from L3.
+#: every cache × proposer × model, on the workload whose warm pass reloads each tail from L2 (also under L3).
 TIER_FAULTS = """
 [matrix]
 name = "tier_faults"
 mode = "full"
-workloads = ["spill_host", "spill_storage"]
+workloads = ["spill_host"]
 
 [factors]
 model = ["dense", "hybrid"]
-spec = ["none", "draft", "mtp"]
-cache = ["device", "host", "storage"]
+spec = ["none", "ngram", "draft", "mtp"]
+cache = ["off", "device", "host", "storage"]
 page_size = [16]
 """
 
@@ -143,12 +217,27 @@ MATRIX_OF = {
     "mtp_layer_index_oob": SPEC_FAULTS,
     "hicache_draft_not_restored": TIER_FAULTS,
     "mamba_whole_block_offload": TIER_FAULTS,
+    "ngram_prompt_only": NGRAM_FAULTS,
+    "tenant_namespace_dropped": TENANT_FAULTS,
+    "page_key_forgets_prefix": structured_faults("key_faults", "templated"),
+    "draft_pages_kept_on_preempt": PREEMPT_FAULTS,
+    "split_snapshot_to_head": structured_faults("split_faults", "snapshot_split"),
+    "spec_finish_page_leak": LEAK_FAULTS,
     "pd_staging_grid_shift": PD_GRID_FAULTS,
     "pd_virtual_ids_on_wire": PD_POOL_FAULTS,
     "pd_mamba_state_early": PD_POOL_FAULTS,
     "pd_compaction_in_flight": PD_CHURN_FAULTS,
     "pd_draft_state_not_sent": PD_SPEC_FAULTS,
 }
+
+
+def fault_matrix(fault: str, tmp_path: Path) -> MatrixSpec:
+    """The matrix ``fault`` is checked on, written where load_matrix wants it (the file named as the matrix)."""
+    text = MATRIX_OF[fault]
+    name = text.split('name = "')[1].split('"')[0]
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return load_matrix(str(path))
 
 
 @pytest.fixture(scope="module")
@@ -160,15 +249,58 @@ def test_every_fault_has_a_check() -> None:
     assert set(MATRIX_OF) == set(FAULTS)
 
 
-@pytest.mark.parametrize("fault", sorted(FAULTS))
+#: fault checks over a minute of CPU under load: run by ``make test-slow`` (CI runs both).
+SLOW_CHECKS = {"ngram_prompt_only", "draft_pages_kept_on_preempt"}
+
+
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=pytest.mark.slow) if f in SLOW_CHECKS else f for f in sorted(FAULTS)])
 def test_fault_fails_exactly_its_trigger_cells(fault: str, tmp_path: Path, goldens: GoldenRuns) -> None:
-    text = MATRIX_OF[fault]
-    name = text.split('name = "')[1].split('"')[0]
-    path = tmp_path / f"{name}.toml"
-    path.write_text(text)
-    check = check_fault(load_matrix(str(path)), fault, goldens)
+    check = check_fault(fault_matrix(fault, tmp_path), fault, goldens)
     assert check.triggered, "the matrix has no trigger cell for this fault"
     assert check.triggered != set(), check
     assert not check.missed, f"{fault} went unseen on {sorted(check.missed)}"
     assert not check.spurious, f"{fault} failed cells it cannot reach: {sorted(check.spurious)}"
     assert not check.wrong_oracle, f"{fault} not seen by {FAULTS[fault].oracle} on {sorted(check.wrong_oracle)}"
+
+
+def test_an_error_fault_is_seen_only_through_the_exception_it_names() -> None:
+    fault = FAULTS["mtp_layer_index_oob"]
+    assert fault.exception == "IndexError"
+
+    def errored(last_line: str) -> CellResult:
+        trace = f"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n{last_line}"
+        return CellResult("c", "m", {}, "error", error=trace)
+
+    assert raised(errored("IndexError: tuple index out of range").error) == "IndexError"
+    assert raised(errored("reference_impl.memory.static.PoolIntegrityError: page 3 freed while not live").error) == "PoolIntegrityError"
+    assert _seen(errored("IndexError: tuple index out of range"), fault)
+    assert not _seen(errored("ValueError: MTP layer 4 must be attention"), fault)
+    assert not _seen(errored("harness.runner.CellTimeout: cell exceeded its timeout of 1 s"), fault)
+    assert not _seen(CellResult("c", "m", {}, "fail"), fault)
+
+
+#: levels a fault's check matrix must cover for each trigger factor that is not a component (switches, values).
+VALUE_DOMAINS = {"deterministic": {"off", "on"}, "poison": {"off", "on"}, "pd_staging": {"off", "on"},
+                 "page_size": {1, 16}, "prefill_budget": {16, 128}}
+#: (fault, factor): why its check matrix leaves a level out (each is covered elsewhere, as said).
+UNCOVERED = {
+    ("unified_no_zero_on_issue", "page_size"): "Triton under the CPU interpreter at page size 1 takes minutes a "
+    "cell; the pools and nightly matrices cross it, and the kill benchmark runs it",
+    ("pd_staging_grid_shift", "cache"): "host and storage: the decode-side hit that shifts the grid comes from the "
+    "decode side's L1 tree, the same under every cache; pd.toml crosses them (PD matrices are the PD owner's)",
+    **{(name, "pd"): "nixl and mooncake: a decode child process per cell; pd.toml crosses them 3-wise (PD faults and "
+       "their matrices are the PD owner's)" for name in FAULTS if name.startswith("pd_")},
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_each_fault_matrix_covers_every_level_of_its_trigger_factors(fault: str, tmp_path: Path) -> None:
+    from harness.engine_setup import DEFAULT_LEVELS
+    from reference_impl import registry
+
+    spec = fault_matrix(fault, tmp_path)
+    for factor in FAULTS[fault].triggers:
+        domain = set(registry.COMPONENTS.get(factor, {})) or VALUE_DOMAINS[factor]
+        levels = set(dict(spec.factors).get(factor, (DEFAULT_LEVELS[factor],)))
+        missing = domain - levels
+        assert not missing or (fault, factor) in UNCOVERED, f"{fault}: its matrix lacks {factor} = {sorted(missing, key=str)}"

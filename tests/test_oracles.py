@@ -173,3 +173,91 @@ def test_accept_length_ignores_a_request_that_is_missing() -> None:
     views[1].spec_reference[0].accepted = [0]  # the reference's request "a" accepts nothing...
     views[1].outputs = views[1].outputs[1:]    # ...and the cell lost "a": completeness's finding
     assert ORACLES["accept_length"](views).status == "pass"
+
+
+# -- every threshold, just inside and just outside ------------------------------------------------
+
+@pytest.mark.parametrize(("margin", "status"), [(0.9e-3, "pass"), (1.1e-3, "fail")])
+def test_tie_tolerance_is_1e3_for_fp32(margin: float, status: str) -> None:
+    golden = [output("a", [1, 2, 3], margin=margin)]
+    assert ORACLES["tokens"]([view([output("a", [1, 9, 3])], golden)]).status == status
+
+
+@pytest.mark.parametrize(("delta", "status"), [(0.9e-3, "pass"), (1.1e-3, "fail")])
+def test_logprob_tolerance_is_1e3_for_fp32(delta: float, status: str) -> None:
+    outs = baseline()
+    outs[1].logprobs[2] += delta
+    assert ORACLES["logprobs"]([view(outs, baseline())]).status == status
+
+
+@pytest.mark.parametrize(("rejected", "status"), [(14, "pass"), (16, "fail")])
+def test_accept_tolerance_is_a_ten_percent_drop(rejected: int, status: str) -> None:
+    """100 steps of mean 3.0; each fully rejected step costs 0.02: 14 of them is a 9.3% drop, 16 a 10.7% one."""
+    warm = [0] * rejected + [2] * (100 - rejected)
+    assert ORACLES["accept_length"](accept_views(cold=[2] * 100, warm=warm, golden=[2] * 100)).status == status
+
+
+@pytest.mark.parametrize(("accepted", "status"), [(3, "pass"), (4, "fail")])
+def test_accept_length_may_reach_k_plus_one_not_more(accepted: int, status: str) -> None:
+    views = accept_views(cold=[3], warm=[accepted], golden=[3], max_accept=4)
+    views[1].outputs[0].drafted = views[1].outputs[1].drafted = [4]
+    assert ORACLES["accept_length"](views).status == status
+
+
+@pytest.mark.parametrize("what", ["token", "logprob", "margin", "top_logprobs"])
+@pytest.mark.parametrize("against", ["solo", "cold"])
+def test_batch_invariance_compares_every_field_against_both_references(what: str, against: str) -> None:
+    outs = baseline()
+    if what == "top_logprobs":
+        outs[0].top_logprobs[1] = [outs[0].top_logprobs[1][0] + 2**-30]
+    else:
+        field = {"token": "tokens", "logprob": "logprobs", "margin": "margins"}[what]
+        getattr(outs[0], field)[1] += 1 if what == "token" else 2**-30
+    v = ORACLES["batch_invariance"]([view(outs, deterministic=True, reference=baseline(), reference_name=against)])
+    assert v.status == "fail" and (v.detail[0]["what"], v.detail[0]["against"], v.detail[0]["step"]) == (what, against, 1)
+
+
+# -- accept_length against what does not come from the same proposer ---------------------------------
+
+def spec_view(accepted: list[int], drafted: list[int], tokens: list[int], prompt: tuple[int, ...], spec: str,
+              **changes) -> PassView:
+    out = output("a", tokens)
+    out.accepted, out.drafted = list(accepted), list(drafted)
+    base = dict(spec_reference=[copy.deepcopy(out)], max_accept_length=4, spec=spec, prompts={"a": prompt},
+                requested={"a": len(tokens)})
+    return view([out], **{**base, **changes})
+
+
+def test_ngram_steps_must_replay_prompt_lookup_over_the_requests_own_tokens() -> None:
+    prompt, tokens = (1, 2, 3, 4, 1, 2), [3, 4, 1, 9, 9, 9]
+    # after [.., 1, 2, 3] lookup proposes 4, 1, 2: "4, 1" accepted, "2" rejected (9 followed); 9 never occurred
+    # before, so the next step drafts nothing, and the last has no room
+    good = ORACLES["accept_length"]([spec_view([2, 0, 0], [3, 0, 0], tokens, prompt, "ngram")])
+    assert good.status == "pass", good.message
+    never = ORACLES["accept_length"]([spec_view([0, 0, 0, 0, 0], [0, 0, 0, 0, 0], tokens, prompt, "ngram")])
+    assert never.status == "fail" and never.detail[0]["check"] == "trace" and never.detail[0]["step"] == 0
+
+
+def test_a_draft_model_drafts_k_tokens_until_the_end_of_the_request() -> None:
+    tokens = [5, 6, 7, 8, 9, 10, 11]  # 1 from prefill, 3 drafts + bonus, then room for 1 draft, then none
+    assert ORACLES["accept_length"]([spec_view([3, 0, 0], [3, 1, 0], tokens, (1,), "draft")]).status == "pass"
+    short = ORACLES["accept_length"]([spec_view([2, 0, 0, 0], [2, 2, 1, 0], tokens, (1,), "draft")])
+    assert short.status == "fail" and short.detail[0]["check"] == "trace"
+
+
+def test_the_accept_accounting_must_agree_with_the_engines_counters() -> None:
+    counters = {"decode_forwards": 3, "emitted_tokens": 6, "verify_steps": 2, "verify_emitted": 5}
+    tokens = [5, 6, 7, 8, 9, 10, 11]
+    assert ORACLES["accept_length"]([spec_view([3, 0, 0], [3, 1, 0], tokens, (1,), "draft", counters=counters)]).status == "pass"
+    off = ORACLES["accept_length"]([spec_view([3, 0, 0], [3, 1, 0], tokens, (1,), "draft",
+                                              counters={**counters, "verify_emitted": 4})])
+    assert off.status == "fail" and off.detail[0]["check"] == "recount" and off.detail[0]["what"] == "tokens emitted by verify steps"
+
+
+@pytest.mark.parametrize(("band", "status"), [((2.4, 2.6), "pass"), ((2.6, 3.0), "fail"), ((1.0, 2.4), "fail")])
+def test_the_mean_accept_length_must_sit_in_the_workloads_measured_band(band: tuple[float, float], status: str) -> None:
+    tokens = [5, 6, 7, 8, 9, 10, 11]  # verify steps emit 4 and 1: mean 2.5, whatever the golden run did
+    verdict = ORACLES["accept_length"]([spec_view([3, 0, 0], [3, 1, 0], tokens, (1,), "draft", accept_band=band)])
+    assert verdict.status == status
+    if status == "fail":
+        assert verdict.detail[0]["check"] == "band" and verdict.detail[0]["got"] == 2.5

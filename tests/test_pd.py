@@ -2,7 +2,7 @@
 side's hit, survives lost chunks without losing or leaking anything, and never moves a page in flight."""
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import time
 from dataclasses import replace
@@ -15,6 +15,7 @@ from harness.engine_setup import build_engine_config
 from harness.matrix import generate
 from harness.matrix_file import load_matrix
 from harness.runner import GoldenRuns, run_cell
+from reference_impl import registry
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine
 from reference_impl.memory.layout import TransferLayoutError
@@ -202,82 +203,91 @@ def test_lost_chunks_abort_both_sides_retry_once_and_lose_nothing(levels: dict[s
     assert [[observable(o) for o in p] for p in again] == [[observable(o) for o in p] for p in passes]
 
 
-# -- NIXL ------------------------------------------------------------------------------------------
-def require_nixl() -> None:
-    """Skip without the nixl package, except under CI=true, where a missing NIXL fails."""
-    if importlib.util.find_spec("nixl") is None:
+# -- transports with the decode server in a child process --------------------------------------------
+#: pd level → (module whose import proves the transport can run here, how to install it)
+CHILD_TRANSPORTS = {
+    "nixl": ("nixl._api", "pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1"),
+    "mooncake": ("mooncake.engine", "pip install mooncake-transfer-engine-non-cuda==0.3.13.post1 and "
+                                    "apt-get install --no-install-recommends libibverbs1"),
+}
+
+
+def child_transport(level: str) -> type:
+    """The transport class of ``pd = level``; skip when it cannot run here, except under CI=true, where that fails."""
+    probe, install = CHILD_TRANSPORTS[level]
+    transport = registry.resolve("pd", level)  # first: it quiets the library's logging before its import
+    try:
+        importlib.import_module(probe)
+    except ImportError as exc:
         if os.environ.get("CI") == "true":
-            pytest.fail("nixl is not installed, and CI=true requires the NIXL tests to run (make installs it)")
-        pytest.skip("nixl is not installed (pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1); CI=true makes this a failure")
+            pytest.fail(f"pd={level} cannot run ({exc}), and CI=true requires its tests to (make installs it)")
+        pytest.skip(f"pd={level} cannot run here ({exc}): {install}; CI=true makes this a failure")
+    return transport
 
 
-def nixl_config(**levels: object) -> tuple[list[RequestSpec], EngineConfig]:
-    require_nixl()
-    from reference_impl.pd.nixl.conn import NixlTransport
-
-    specs, config = pd_setup(**levels)
-    return specs, replace(config, pd=NixlTransport)
-
-
+@pytest.mark.parametrize("level", sorted(CHILD_TRANSPORTS))
 @pytest.mark.parametrize("levels", [{"decode_tp": 2, "pd_staging": "on", "spec": "draft"},
-                                    {"model": "hybrid", "pool": "unified"}], ids=["tp2-staging-draft", "hybrid-unified"])
-def test_nixl_moves_the_same_bytes_as_inproc(levels: dict[str, object]) -> None:
-    """The decode server in a child process, pages written over NIXL: outputs and counters equal in-process PD's."""
-    specs, config = nixl_config(**levels)
+                                    {"model": "hybrid", "pool": "unified", "spec": "mtp"}],
+                         ids=["tp2-staging-draft", "hybrid-unified-mtp"])
+def test_a_child_process_transport_moves_the_same_bytes_as_inproc(level: str, levels: dict[str, object]) -> None:
+    """The decode server in a child process, pages written over NIXL or Mooncake: outputs and counters equal
+    in-process PD's, bit for bit."""
+    specs, config = pd_setup(**levels)
     inproc = DisaggEngine(replace(config, pd=InprocTransport))
-    nixl = DisaggEngine(config)
+    remote = DisaggEngine(replace(config, pd=child_transport(level)))
     try:
         for _ in range(2):
             want = {o.rid: observable(o) for o in inproc.generate(specs)}
-            assert {o.rid: observable(o) for o in nixl.generate(specs)} == want
-            assert nixl.audit() == []
-        assert nixl.counters() == inproc.counters()
+            assert {o.rid: observable(o) for o in remote.generate(specs)} == want
+            assert remote.audit() == []
+        assert remote.counters() == inproc.counters()
     finally:
-        nixl.close()
+        remote.close()
 
 
 KILL_MATRIX = """
 [matrix]
-name = "nixl_kill"
+name = "child_kill"
 mode = "full"
 workloads = ["pair"]
 timeout_s = 120
 
 [factors]
-pd = ["nixl"]
+pd = ["{level}"]
 """
 
 
+@pytest.mark.parametrize("level", sorted(CHILD_TRANSPORTS))
 def test_a_killed_decode_child_ends_the_cell_as_an_error_within_seconds(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    level: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The decode process dies mid-run: the cell is an error naming the transport, long before its timeout."""
-    require_nixl()
-    from reference_impl.pd.nixl.conn import NixlTransport
-
+    transport = child_transport(level)
     writes = {"n": 0}
-    write = NixlTransport.write
+    write = transport.write
 
-    def write_then_kill(self: NixlTransport, pairs: object, header: object) -> None:
+    def write_then_kill(self: object, pairs: object, header: object) -> None:
         writes["n"] += 1
         if writes["n"] == 3:
             self.process.kill()
         write(self, pairs, header)
 
-    monkeypatch.setattr(NixlTransport, "write", write_then_kill)
-    path = tmp_path / "nixl_kill.toml"
-    path.write_text(KILL_MATRIX)
+    monkeypatch.setattr(transport, "write", write_then_kill)
+    path = tmp_path / "child_kill.toml"
+    path.write_text(KILL_MATRIX.format(level=level))
     spec = load_matrix(str(path))
     started = time.perf_counter()
     (cell,) = generate(spec)
     result = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns())
+    assert writes["n"] >= 3, "the child was never killed"
     assert result.status == "error" and "TransportError" in result.error, result.error
     assert time.perf_counter() - started < 60
 
 
-def test_killing_the_child_raises_transport_error_on_the_next_call() -> None:
-    specs, config = nixl_config()
-    pd = DisaggEngine(config)
+@pytest.mark.parametrize("level", sorted(CHILD_TRANSPORTS))
+def test_killing_the_child_raises_transport_error_on_the_next_call(level: str) -> None:
+    specs, config = pd_setup()
+    pd = DisaggEngine(replace(config, pd=child_transport(level)))
     try:
         pd.transport.process.kill()
         pd.transport.process.join(5)

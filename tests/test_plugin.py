@@ -113,7 +113,9 @@ def test_last_failed_reruns_only_the_failing_cell(pytester: pytest.Pytester, tin
 
 
 def reproduce_lines(result: pytest.RunResult) -> list[str]:
-    return [line.split("reproduce: ", 1)[1] for line in result.outlines if line.startswith("reproduce: ")]
+    """The distinct reproduce lines a run printed (under CI=true pytest repeats them untruncated in its summary)."""
+    return list(dict.fromkeys(line.split("reproduce: ", 1)[1] for line in result.outlines
+                              if line.startswith("reproduce: ")))
 
 
 def test_reproduce_line_round_trips_every_option(pytester: pytest.Pytester, tiny: Path) -> None:

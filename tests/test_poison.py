@@ -151,14 +151,15 @@ def test_poison_off_does_no_tensor_work_on_alloc_and_free(kind: str) -> None:
 @pytest.mark.parametrize("model", ["dense", "hybrid"])
 @pytest.mark.parametrize("kind", POOLS)
 def test_poison_changes_no_token_of_a_correct_engine(make_engine, kind: str, model: str) -> None:
-    """Prefix cache, tight pool: poisoned pools serve exactly what clean ones do, with no NaN."""
-    wl = load_workload("multi_turn")
+    """Prefix cache, tight pool (eviction and preemption): poisoned pools serve exactly what clean ones do, with no NaN."""
+    wl = load_workload("spec_preempt")
     tokens = []
     for poison in (False, True):
         pool = partial(POOLS[kind], poison=poison)
-        engine = make_engine(wl, model=model, page_size=16, cache="device", overrides={"pool": pool, "num_pages": 24})
+        engine = make_engine(wl, model=model, page_size=16, cache="device", overrides={"pool": pool, "num_pages": 8})
         outs = [o for _ in range(2) for o in engine.generate(wl.requests)]
         assert engine.audit() == [] and not engine.nan_events
+        assert engine.cache.evicted_pages > 0 and engine.stats.preemptions > 0  # the pool really is tight
         tokens.append({(o.rid, o.cached_tokens): o.tokens for o in outs})
     assert tokens[0] == tokens[1]
 

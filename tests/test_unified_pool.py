@@ -282,12 +282,13 @@ def test_bad_arguments_name_the_input() -> None:
 
 @pytest.mark.parametrize("unified", [UnifiedPool, EagerUnifiedPool])
 def test_engine_on_the_unified_pool_matches_the_static_pool(make_engine, unified: type) -> None:
-    """Hybrid, prefix cache, tight pool (eviction): same tokens, clean audit, no NaN under poison."""
-    wl = load_workload("multi_turn")
+    """Hybrid, prefix cache, tight pool (eviction and preemption): same tokens, clean audit, no NaN under poison."""
+    wl = load_workload("spec_preempt")
     tokens = []
     for pool in (StaticPools, partial(unified, poison=True)):
-        engine = make_engine(wl, model="hybrid", page_size=16, cache="device", overrides={"pool": pool, "num_pages": 24})
+        engine = make_engine(wl, model="hybrid", page_size=16, cache="device", overrides={"pool": pool, "num_pages": 8})
         outs = [o for _ in range(2) for o in engine.generate(wl.requests)]
         assert engine.audit() == [] and not engine.nan_events
+        assert engine.cache.evicted_pages > 0 and engine.stats.preemptions > 0  # the pool really is tight
         tokens.append({(o.rid, o.cached_tokens): o.tokens for o in outs})
     assert tokens[0] == tokens[1]

@@ -27,6 +27,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
+#: fault: a node split hands the node's Mamba snapshot to the new head, which ends earlier than the snapshot.
+SPLIT_SNAPSHOT_TO_HEAD = "split_snapshot_to_head"
+
+
 class CacheIntegrityError(AssertionError):
     """The tree broke an invariant, or a caller broke the lock protocol (stale node, unlock underflow)."""
 
@@ -112,6 +116,8 @@ class RadixCache:
         self._pages: set[int] = set()
         self._slots: set[int] = set()
         self._evictable = 0
+        self.faults: frozenset[str] = frozenset()
+        self.evicted_pages = 0  # pages L1 has evicted so far (tests check that pressure really evicts)
 
     @property
     def is_hybrid(self) -> bool:
@@ -119,7 +125,8 @@ class RadixCache:
         return self._free_state is not None
 
     def attach(self, mover: object, host_pages: int | None = None) -> None:
-        """L1 alone copies no page anywhere, so it needs no page mover and has no L2."""
+        """Take the engine's faults from its page mover; L1 alone copies no page anywhere and has no L2."""
+        self.faults = frozenset(getattr(mover, "faults", ()))
 
     def load_back(self, tokens: Sequence[int], match: MatchResult) -> MatchResult:
         """No tier below L1: nothing to load, the match stands."""
@@ -289,6 +296,8 @@ class RadixCache:
             lock_ref=node.lock_ref, last_access=node.last_access,
         )
         parent.children[self._child_key(head.key)] = head
+        if SPLIT_SNAPSHOT_TO_HEAD in self.faults:  # the snapshot of position end(node) now claims end(head)
+            head.state_slot, node.state_slot = node.state_slot, None
         node.key, node.pages, node.parent = node.key[length:], node.pages[cut:], head
         head.children[self._child_key(node.key)] = node
         return head
@@ -347,6 +356,7 @@ class RadixCache:
         del node.parent.children[self._child_key(node.key)]
         self._pages.difference_update(node.pages)
         self._evictable -= len(node.pages)
+        self.evicted_pages += len(node.pages)
         self._free_pages(list(node.pages))
         if node.state_slot is not None:
             self._slots.discard(node.state_slot)

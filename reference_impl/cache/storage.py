@@ -14,6 +14,9 @@ import torch
 from reference_impl.cache.stores import StoreError
 from reference_impl.cache.tiered import Copies, HostCache, LoadPlan
 
+#: fault (vLLM #48069 before the fix): the tenant id never reaches the store; every tenant shares one namespace.
+TENANT_NAMESPACE_DROPPED = "tenant_namespace_dropped"
+
 
 class StorageCache(HostCache):
     """HostCache whose L2 writes through to an L3 store, and whose misses ask it."""
@@ -22,7 +25,8 @@ class StorageCache(HostCache):
 
     def attach_store(self, store: object, tenant: str, layout: str) -> None:
         """Use ``store`` under namespace ``tenant``; ``layout`` names the pools' tensor layout."""
-        self.store, self.tenant, self.layout = store, tenant, layout
+        dropped = TENANT_NAMESPACE_DROPPED in self.mover.faults
+        self.store, self.tenant, self.layout = store, "default" if dropped else tenant, layout
         self.store_errors: list[str] = []
         self._written: set[str] = set()
 

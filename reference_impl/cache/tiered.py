@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from reference_impl.cache.radix import InsertResult, MatchResult, RadixCache, TreeNode
-from reference_impl.memory.host import HostPool, PageMover, page_hashes
+from reference_impl.memory.host import PAGE_KEY_FORGETS_PREFIX, HostPool, PageMover, page_hashes
 
 WRITE_POLICIES = ("write_through", "write_back")
 
@@ -58,15 +58,21 @@ class HostCache(RadixCache):
 
     def attach(self, mover: PageMover, host_pages: int | None = None) -> None:
         """Take the engine's page mover (pools, draft layers, Mamba layers, faults) and an L2 of ``host_pages``."""
+        super().attach(mover, host_pages)
         self.mover = mover
         self.host = HostPool(host_pages)
+        self._chained = PAGE_KEY_FORGETS_PREFIX not in mover.faults
+
+    def _keys(self, tokens: Sequence[int], pages: int) -> list[str]:
+        """The L2/L3 key of each of the first ``pages`` pages of ``tokens``: chained onto its prefix."""
+        return page_hashes(tokens, self.page_size, pages, self._chained)
 
     def insert(
         self, tokens: Sequence[int], pages: Sequence[int], snapshots: Mapping[int, int] | None = None
     ) -> InsertResult:
         """Insert into L1; under write-through also copy every page and snapshot L2 lacks."""
         result = super().insert(tokens, pages, snapshots)
-        keys = page_hashes(tokens, self.page_size, len(pages))
+        keys = self._keys(tokens, len(pages))
         self.host.resident.update(keys)
         if self.write_policy == "write_through":
             self._save(keys, 0, list(pages), dict(snapshots or {}))
@@ -115,7 +121,7 @@ class HostCache(RadixCache):
     def _remove_leaf(self, node: TreeNode) -> int:
         """Evict a leaf down to L2: write-back copies it now, write-through marks L2's copy most recent."""
         prefix = [t for n in reversed(self._path_to_root(node)) for t in n.key]
-        keys = page_hashes(prefix, self.page_size, len(prefix) // self.page_size)
+        keys = self._keys(prefix, len(prefix) // self.page_size)
         first = len(keys) - len(node.pages)
         if self.write_policy == "write_back":
             snaps = {len(prefix): node.state_slot} if node.state_slot is not None else {}
@@ -129,7 +135,7 @@ class HostCache(RadixCache):
         """The pages that extend L1's for ``tokens`` from L2, then L3 (hybrid: to the deepest snapshot)."""
         path, partial = self._walk(tokens)
         on_device = sum(len(n.pages) for n in path) + (partial[1] // self.page_size if partial else 0)
-        keys = page_hashes(tokens, self.page_size, len(tokens) // self.page_size)
+        keys = self._keys(tokens, len(tokens) // self.page_size)
         covered = on_device
         while covered < len(keys) and keys[covered] in self.host.pages:
             covered += 1

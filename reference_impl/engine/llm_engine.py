@@ -19,6 +19,12 @@ from reference_impl.request import Chunk, Phase, Request, RequestOutput, Request
 from reference_impl.spec.ngram import NoProposer
 
 
+#: fault: preemption frees a request's pages in the target pool but leaves them live in the draft's own pool.
+DRAFT_PAGES_KEPT_ON_PREEMPT = "draft_pages_kept_on_preempt"
+#: fault: a speculative request that finishes keeps its last page: it leaves every table but is never freed.
+SPEC_FINISH_PAGE_LEAK = "spec_finish_page_leak"
+
+
 class EngineStallError(RuntimeError):
     """Work is left but no step can make progress (a scheduler or accounting bug)."""
 
@@ -32,6 +38,8 @@ class EngineStats:
     decode_tokens: int = 0
     decode_forwards: int = 0      # request-steps of decode (plain or verify) target forwards
     emitted_tokens: int = 0       # tokens those decode passes emitted
+    verify_steps: int = 0         # of the decode request-steps, those that verified at least one draft token
+    verify_emitted: int = 0       # tokens those verify steps emitted (counted from the outputs, not the accept lists)
     preemptions: int = 0
     draft_full_hits: int = 0      # prefix hits that restored the draft state with the target's K/V
     draft_partial_hits: int = 0   # prefix hits with the target's K/V but without the draft state
@@ -198,6 +206,9 @@ class Engine:
             self.stats.decode_tokens += tokens
             self.stats.decode_forwards += len(chunks)
             self.stats.emitted_tokens += sum(len(c.req.output.tokens) - before[c.req] for c in chunks)
+            verified = [c for c in chunks if c.draft]
+            self.stats.verify_steps += len(verified)
+            self.stats.verify_emitted += sum(len(c.req.output.tokens) - before[c.req] for c in verified)
             if self.proposer.speculative:
                 self._settle_verify(chunks, before)
         else:
@@ -386,6 +397,8 @@ class Engine:
         adopted = set(req.pages[:n_pages]) - set(result.unused_pages)
         self.proposer.cached(sorted(adopted))
         req.pages = [p for p in req.pages if p not in adopted]
+        if SPEC_FINISH_PAGE_LEAK in self.config.faults and self.proposer.speculative:
+            req.pages = req.pages[:-1]  # the last page (its decoded tokens, never cached) is forgotten, not freed
         req.checkpoint_slots = {pos: s for pos, s in req.checkpoint_slots.items() if s in result.unused_slots}
         self._release(req)
         req.phase = Phase.FINISHED
@@ -412,6 +425,12 @@ class Engine:
 
     def _preempt(self, req: Request) -> None:
         """Recompute-style preemption: drop the request's memory and queue it again."""
+        draft = getattr(self.pools, "draft", None)
+        if draft is not None and DRAFT_PAGES_KEPT_ON_PREEMPT in self.config.faults:
+            cached = set(req.cache_pages)
+            own = [p for p in req.pages if p not in cached]
+            self.pools.target.free_pages(own)  # the draft pool's copies of these pages stay live
+            req.pages = [p for p in req.pages if p in cached]
         self._release(req)
         req.num_computed = 0
         req.output.preemptions += 1

@@ -24,13 +24,18 @@ MAMBA_WHOLE_BLOCK_OFFLOAD = "mamba_whole_block_offload"
 MAMBA_OFFLOAD_BLOCK = 32
 
 
-def page_hashes(tokens: Sequence[int], page_size: int, pages: int) -> list[str]:
-    """The chained key of each of the first ``pages`` whole pages of ``tokens``."""
+#: fault: a page's L2/L3 key hashes its own tokens only, not its parent's key (the same page under any prefix).
+PAGE_KEY_FORGETS_PREFIX = "page_key_forgets_prefix"
+
+
+def page_hashes(tokens: Sequence[int], page_size: int, pages: int, chained: bool = True) -> list[str]:
+    """The chained key of each of the first ``pages`` whole pages of ``tokens`` (unchained: the fault)."""
     keys, prev = [], b""
     for i in range(pages):
         chunk = ",".join(str(t) for t in tokens[i * page_size : (i + 1) * page_size]).encode()
-        prev = hashlib.sha256(prev + b"|" + chunk).hexdigest().encode()
-        keys.append(prev.decode())
+        key = hashlib.sha256((prev if chained else b"") + b"|" + chunk).hexdigest().encode()
+        keys.append(key.decode())
+        prev = key
     return keys
 
 

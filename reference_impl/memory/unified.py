@@ -376,8 +376,8 @@ class UnifiedPool:
 
     @property
     def bytes_per_page(self) -> int:
-        """One page envelope: K and V of every attention layer."""
-        return self.layout.envelope
+        """Bytes of one page envelope: K and V of every attention layer (``layout.envelope`` counts elements)."""
+        return self.layout.envelope * self.layout.itemsize
 
     def to_physical(self, slots: torch.Tensor) -> torch.Tensor:
         """Virtual token slots → physical token slots; -1 stays -1. The one KV handoff point (#33517)."""

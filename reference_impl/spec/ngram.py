@@ -50,6 +50,10 @@ class NoProposer(StatelessProposer):
     """spec = none: never drafts, so every decode step is a plain one-token step."""
 
 
+#: fault: prompt lookup searches the prompt's n-grams only, never the tokens generated since.
+NGRAM_PROMPT_ONLY = "ngram_prompt_only"
+
+
 class NgramProposer(StatelessProposer):
     """spec = ngram: the longest suffix n-gram seen earlier in the context proposes what followed it.
 
@@ -61,13 +65,20 @@ class NgramProposer(StatelessProposer):
 
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
         self.min_n, self.max_n = min_n, max_n
+        self.prompt_only = False
+
+    def wrap_pools(self, pools: object, config: EngineConfig) -> object:
+        """No draft pool; read the one fault that changes where lookup searches."""
+        self.prompt_only = NGRAM_PROMPT_ONLY in config.faults
+        return pools
 
     def propose(self, req: object, k: int) -> list[int]:
         """Up to ``k`` draft tokens continuing the request's tokens; empty when no suffix recurs."""
         tokens = req.all_tokens()
         for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
             suffix = tokens[-n:]
-            for start in range(len(tokens) - n - 1, -1, -1):
+            last = len(req.spec.prompt) - n if self.prompt_only else len(tokens) - n - 1
+            for start in range(min(last, len(tokens) - n - 1), -1, -1):
                 if tokens[start : start + n] == suffix:
                     return tokens[start + n : start + n + k]
         return []

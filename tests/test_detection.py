@@ -1,0 +1,56 @@
+"""Each of issue 12's five blind spots, planted as a fault: a matrix cell now fails through the right oracle,
+and the same matrix without the fault passes.
+
+1. a proposer bug the golden run shares (ngram_prompt_only, injected on both sides);
+2. no isolation workload (tenant_namespace_dropped);
+3. random prompts never put a page under two prefixes (page_key_forgets_prefix);
+4. no pressure while speculating (draft_pages_kept_on_preempt);
+5. divergence only on node boundaries (split_snapshot_to_head).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fixtures.workloads import Workload
+from harness.killmatrix import check_fault
+from harness.matrix import generate
+from harness.runner import GoldenRuns, WorkloadRun, run_cell, run_workload
+from reference_impl.faults import FAULTS
+from tests.test_faults import fault_matrix
+
+pytestmark = pytest.mark.slow
+
+CAUSES = ["ngram_prompt_only", "tenant_namespace_dropped", "page_key_forgets_prefix", "draft_pages_kept_on_preempt",
+          "split_snapshot_to_head"]
+
+
+@pytest.mark.parametrize("fault", CAUSES)
+def test_the_planted_bug_fails_its_cells_and_the_clean_matrix_passes(fault: str, tmp_path: Path) -> None:
+    spec, goldens = fault_matrix(fault, tmp_path), GoldenRuns()
+    clean = {cell.cell_id: run_cell(spec, cell, faults=frozenset(), goldens=goldens) for cell in generate(spec)}
+    assert all(r.status == "pass" for r in clean.values()), {c: r.status for c, r in clean.items()}
+    check = check_fault(spec, fault, goldens)
+    assert check.triggered and check.exact, check
+
+
+class BuggyGoldens(GoldenRuns):
+    """Golden runs with the same code bug as the cell: what a one-line slip in a proposer looks like."""
+
+    def __init__(self, faults: frozenset[str]) -> None:
+        super().__init__()
+        self.faults = faults
+
+    def get(self, levels: dict, workload: Workload) -> WorkloadRun:
+        return run_workload(levels, workload, self.faults, self.device)
+
+
+def test_a_proposer_bug_in_golden_too_is_still_seen_by_the_prompt_lookup_replay(tmp_path: Path) -> None:
+    fault = frozenset({"ngram_prompt_only"})
+    spec = fault_matrix("ngram_prompt_only", tmp_path)
+    cell = next(c for c in generate(spec) if c.as_dict()["spec"] == "ngram" and c.as_dict()["model"] == "dense")
+    verdict = run_cell(spec, cell, faults=fault, goldens=BuggyGoldens(fault)).oracles["accept_length"]
+    checks = {finding["check"] for finding in verdict.detail}
+    assert verdict.status == "fail" and checks == {"trace"}, verdict.detail  # golden agrees: no "relative" finding
+    assert FAULTS["ngram_prompt_only"].oracle == "accept_length"

@@ -1,0 +1,48 @@
+"""Workload expectations: rounds give the cold pass a lower bound, and the structured workloads hold their promises."""
+from __future__ import annotations
+
+from fixtures.spec_expect import NGRAM_MAX_N, prompt_lookup
+from fixtures.workloads import VOCAB, load_workload
+
+HIT = dict(page_size=16, state_interval=32, chunk_size=16)
+
+
+def bounds(name: str, *, hybrid: bool = False, warm: bool = False, tiers: tuple[str, ...] = ()) -> dict[str, tuple[int, int]]:
+    expected = load_workload(name).expected_cached(hybrid=hybrid, warm=warm, tiers=tiers, **HIT)
+    return {rid: (e.lo, e.hi) for rid, e in expected.items()}
+
+
+def test_a_later_round_must_hit_what_earlier_rounds_cached() -> None:
+    # round two asks for head2 + body and head1 + other: each head was cached in round one, the chunk only after the other head
+    assert bounds("templated") == {"templated-0": (0, 0), "templated-1": (0, 0),
+                                   "templated-2": (32, 32), "templated-3": (32, 32)}
+
+
+def test_a_split_inside_a_snapshot_node_leaves_the_hybrid_hit_at_the_last_snapshot() -> None:
+    assert bounds("snapshot_split")["split-shared"] == (48, 48)
+    assert bounds("snapshot_split", hybrid=True)["split-shared"] == (32, 32)
+
+
+def test_a_capped_pool_has_a_lower_bound_only_where_a_tier_keeps_every_page() -> None:
+    device, storage = bounds("burst", warm=True), bounds("burst", warm=True, tiers=("host", "storage"))
+    assert all(lo == 0 for lo, _ in device.values())
+    assert all(lo == hi for lo, hi in storage.values()) and any(lo > 0 for lo, _ in storage.values())
+
+
+def test_starved_slots_bound_hybrid_hits_from_above_only() -> None:
+    assert all(lo == 0 for lo, _ in bounds("starved_slots", hybrid=True, warm=True).values())
+    assert all(lo == hi for lo, hi in bounds("starved_slots", warm=True).values())
+
+
+def test_repeated_phrases_give_prompt_lookup_a_match_at_every_step() -> None:
+    for request in load_workload("repeated_phrases").requests:
+        assert len(set(request.prompt)) == VOCAB
+        for last in range(VOCAB):  # whatever the model emits next, its token occurred before
+            assert prompt_lookup((*request.prompt, last), 3)
+    assert NGRAM_MAX_N == 4
+
+
+def test_every_structured_workload_computes_its_own_expectations() -> None:
+    for name in ("repeated_phrases", "templated", "snapshot_split", "starved_slots", "spec_preempt", "isolation"):
+        workload = load_workload(name)
+        assert workload.description and set(bounds(name)) == {r.rid for r in workload.requests}
