@@ -249,7 +249,7 @@ def test_every_fault_has_a_check() -> None:
     assert set(MATRIX_OF) == set(FAULTS)
 
 
-#: fault checks over a minute of CPU under load: run by ``make test-slow`` (CI runs both).
+#: fault checks over a minute of CPU under load (``make test`` runs them; ``-m "not slow"`` leaves them out).
 SLOW_CHECKS = {"ngram_prompt_only", "draft_pages_kept_on_preempt"}
 
 

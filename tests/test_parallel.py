@@ -16,6 +16,7 @@ from harness.cli import main
 from harness.matrix import generate
 from harness.matrix_file import load_matrix
 from harness.runner import plan_cell
+from tests.components import GATE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 SIX = """
@@ -103,10 +104,13 @@ def test_a_dead_worker_and_a_deaf_cell_become_error_rows_and_the_run_goes_on(tmp
 
 
 def test_ctrl_c_keeps_finished_cells_and_resume_runs_the_rest(tmp_path: Path) -> None:
-    path, report = write(tmp_path), tmp_path / "out"
+    """Ctrl-C while gated cells hold both workers: the finished rows stay, exit 130, --resume runs the rest."""
+    path, report = write(tmp_path, schedulers='["fcfs", "tests.components:GatedQueue"]'), tmp_path / "out"
+    gate = tmp_path / "gate"
+    gate.touch()
     command = [sys.executable, "-m", "harness", "run", "--matrix", str(path), "--report-dir", str(report), "-j", "2"]
-    child = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), GATE_ENV: str(gate)}
+    child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = report / "results.jsonl"
     deadline = time.monotonic() + 120
     while not (results.exists() and results.read_text().count("\n") >= 2) and time.monotonic() < deadline:
@@ -115,9 +119,9 @@ def test_ctrl_c_keeps_finished_cells_and_resume_runs_the_rest(tmp_path: Path) ->
     _, err = child.communicate(timeout=60)
     assert child.returncode == 130 and "--resume goes on from there" in err, err
     kept = rows(report)
-    assert 2 <= len(kept) < 8
-    done = subprocess.run([*command, "--resume"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=300)
+    assert [r["factors"]["scheduler"] for r in kept] == ["fcfs", "fcfs"]
+    gate.unlink()
+    done = subprocess.run([*command, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("kept from the previous run") == len(kept)
     assert len(rows(report)) == 8 and all(r in rows(report) for r in kept)
