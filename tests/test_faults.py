@@ -42,11 +42,13 @@ cache = ["off", "device"]
 page_size = [16]
 """
 
-#: every proposer with every cache, on the workload whose warm pass hits prompts.
+#: every proposer with every cache, on the workload whose warm pass hits prompts. 2-wise: each trigger of
+#: these faults is at most a pair of levels, so every trigger combination runs (16 cells, not 32).
 SPEC_FAULTS = """
 [matrix]
 name = "spec_faults"
-mode = "full"
+mode = "t-wise"
+strength = 2
 workloads = ["system_prompt"]
 
 [factors]
@@ -129,11 +131,13 @@ cache = ["off", "device"]
 page_size = [16]
 """
 
-#: every cache × proposer × model, on the workload whose warm pass reloads each tail from L2 (also under L3).
+#: every cache × proposer and cache × model pair, on the workload whose warm pass reloads each tail from L2
+#: (also under L3). 2-wise, as SPEC_FAULTS.
 TIER_FAULTS = """
 [matrix]
 name = "tier_faults"
-mode = "full"
+mode = "t-wise"
+strength = 2
 workloads = ["spill_host"]
 
 [factors]
