@@ -209,6 +209,21 @@ SPEC_FINISH_PAGE_LEAK = Fault(
     ),
 )
 
+EVICT_IGNORES_LOCK = Fault(
+    name="evict_ignores_lock",
+    incident="class: SGLang's RadixCache.evict skips a leaf with lock_ref > 0; without that one check it frees a running request's prefix",
+    triggers={"cache": ("device", "host", "storage")},
+    oracle="error",
+    exception="ValueError",
+    doc=(
+        "Eviction takes least-recently-used leaves without looking at their locks, so a prefix a running request "
+        "still reads (its matched node, a leaf once its other children are evicted) is freed and re-issued to "
+        "another request, which overwrites it; when the running request finishes, the tree is handed pages it "
+        "already owns elsewhere and refuses them (ValueError). Needs a request that holds a matched prefix while a "
+        "burst forces eviction around it (locked_prefix); cache=off has no tree."
+    ),
+)
+
 PD = ("inproc", "nixl", "mooncake")
 
 PD_STAGING_GRID_SHIFT = Fault(
@@ -281,7 +296,7 @@ FAULTS: dict[str, Fault] = {
         PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE, SLOT_STRIDE_INT32,
         DRAFT_STATE_NOT_CACHED, MTP_LAYER_INDEX_OOB, HICACHE_DRAFT_NOT_RESTORED, MAMBA_WHOLE_BLOCK_OFFLOAD,
         NGRAM_PROMPT_ONLY, TENANT_NAMESPACE_DROPPED, PAGE_KEY_FORGETS_PREFIX, DRAFT_PAGES_KEPT_ON_PREEMPT,
-        SPLIT_SNAPSHOT_TO_HEAD, SPEC_FINISH_PAGE_LEAK,
+        SPLIT_SNAPSHOT_TO_HEAD, SPEC_FINISH_PAGE_LEAK, EVICT_IGNORES_LOCK,
         PD_STAGING_GRID_SHIFT, PD_VIRTUAL_IDS_ON_WIRE, PD_COMPACTION_IN_FLIGHT, PD_MAMBA_STATE_EARLY,
         PD_DRAFT_STATE_NOT_SENT,
     )

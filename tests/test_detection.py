@@ -1,4 +1,4 @@
-"""Each of issue 12's five blind spots, planted as a fault: a matrix cell now fails through the right oracle,
+"""Each of issue 12's blind spots, planted as a fault: a matrix cell now fails through the right oracle,
 and the same matrix without the fault passes.
 
 (``test_faults`` checks that each fails exactly its trigger cells, through its oracle.)
@@ -7,7 +7,8 @@ and the same matrix without the fault passes.
 2. no isolation workload (tenant_namespace_dropped);
 3. random prompts never put a page under two prefixes (page_key_forgets_prefix);
 4. no pressure while speculating (draft_pages_kept_on_preempt);
-5. divergence only on node boundaries (split_snapshot_to_head).
+5. divergence only on node boundaries (split_snapshot_to_head);
+6. no request holding a locked prefix while others evict around it (evict_ignores_lock).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.test_faults import fault_matrix
 pytestmark = pytest.mark.slow
 
 CAUSES = ["ngram_prompt_only", "tenant_namespace_dropped", "page_key_forgets_prefix", "draft_pages_kept_on_preempt",
-          "split_snapshot_to_head"]
+          "split_snapshot_to_head", "evict_ignores_lock"]
 
 
 @pytest.mark.parametrize("fault", CAUSES)

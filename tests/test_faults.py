@@ -102,6 +102,19 @@ page_size = [16]
 """
 
 
+#: a request holding a matched prefix while a burst evicts around it, both models, every cache, both page sizes.
+LOCK_FAULTS = """
+[matrix]
+name = "lock_faults"
+mode = "full"
+workloads = ["locked_prefix"]
+
+[factors]
+model = ["dense", "hybrid"]
+cache = ["off", "device", "host", "storage"]
+page_size = [1, 16]
+"""
+
 #: every proposer and model on a workload whose decoding outgrows its pool (preemption while speculating).
 PREEMPT_FAULTS = """
 [matrix]
@@ -227,6 +240,7 @@ MATRIX_OF = {
     "draft_pages_kept_on_preempt": PREEMPT_FAULTS,
     "split_snapshot_to_head": structured_faults("split_faults", "snapshot_split"),
     "spec_finish_page_leak": LEAK_FAULTS,
+    "evict_ignores_lock": LOCK_FAULTS,
     "pd_staging_grid_shift": PD_GRID_FAULTS,
     "pd_virtual_ids_on_wire": PD_POOL_FAULTS,
     "pd_mamba_state_early": PD_POOL_FAULTS,

@@ -43,6 +43,7 @@ def test_repeated_phrases_give_prompt_lookup_a_match_at_every_step() -> None:
 
 
 def test_every_structured_workload_computes_its_own_expectations() -> None:
-    for name in ("repeated_phrases", "templated", "snapshot_split", "starved_slots", "spec_preempt", "isolation"):
+    for name in ("repeated_phrases", "templated", "snapshot_split", "starved_slots", "spec_preempt", "isolation",
+                 "locked_prefix"):
         workload = load_workload(name)
         assert workload.description and set(bounds(name)) == {r.rid for r in workload.requests}

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 #: fault: a node split hands the node's Mamba snapshot to the new head, which ends earlier than the snapshot.
 SPLIT_SNAPSHOT_TO_HEAD = "split_snapshot_to_head"
+EVICT_IGNORES_LOCK = "evict_ignores_lock"
 
 
 class CacheIntegrityError(AssertionError):
@@ -195,14 +196,15 @@ class RadixCache:
 
     def evict(self, num_pages: int) -> int:
         """Free least-recently-used unlocked leaves until ``num_pages`` are freed or none is left."""
-        heap = [(n.last_access, n.id, n) for n in self._nodes() if not n.children and n.lock_ref == 0]
+        pinned = (lambda n: False) if EVICT_IGNORES_LOCK in self.faults else (lambda n: n.lock_ref > 0)
+        heap = [(n.last_access, n.id, n) for n in self._nodes() if not n.children and not pinned(n)]
         heapq.heapify(heap)  # ties on the clock go to the older node id: deterministic
         freed = 0
         while freed < num_pages and heap:
             node = heapq.heappop(heap)[2]
             parent = node.parent
             freed += self._remove_leaf(node)
-            if parent is not self._root and not parent.children and parent.lock_ref == 0:
+            if parent is not self._root and not parent.children and not pinned(parent):
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return freed
 
