@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from fixtures.spec_expect import NGRAM_MAX_N, prompt_lookup
 from fixtures.workloads import VOCAB, load_workload
+from harness.engine_setup import DEFAULT_LEVELS
+from harness.runner import run_workload
 
 HIT = dict(page_size=16, state_interval=32, chunk_size=16)
 
@@ -16,6 +18,16 @@ def test_a_later_round_must_hit_what_earlier_rounds_cached() -> None:
     # round two asks for head2 + body and head1 + other: each head was cached in round one, the chunk only after the other head
     assert bounds("templated") == {"templated-0": (0, 0), "templated-1": (0, 0),
                                    "templated-2": (32, 32), "templated-3": (32, 32)}
+
+
+def test_a_head_spilled_out_of_l1_and_l2_is_reloaded_from_the_store_in_a_later_round() -> None:
+    """spill_rounds: its third round must hit the head where L3 keeps it, and a real run does so from L3."""
+    rounds = [rid for rid in bounds("spill_rounds") if rid.startswith("rounds-b")]
+    assert all(bounds("spill_rounds", tiers=("host", "storage"))[rid] == (32, 32) for rid in rounds)
+    assert all(bounds("spill_rounds", tiers=("host",))[rid] == (0, 32) for rid in rounds)
+    levels = {**DEFAULT_LEVELS, "cache": "storage", "page_size": 16}
+    outputs = {o.rid: o for o in run_workload(levels, load_workload("spill_rounds"), frozenset(), "cpu").passes["cold"].outputs}
+    assert outputs["rounds-b0"].cached_tokens == outputs["rounds-b0"].cached_storage == 32  # L1 and L2 both lost it
 
 
 def test_a_split_inside_a_snapshot_node_leaves_the_hybrid_hit_at_the_last_snapshot() -> None:
@@ -44,6 +56,6 @@ def test_repeated_phrases_give_prompt_lookup_a_match_at_every_step() -> None:
 
 def test_every_structured_workload_computes_its_own_expectations() -> None:
     for name in ("repeated_phrases", "templated", "snapshot_split", "starved_slots", "spec_preempt", "isolation",
-                 "locked_prefix"):
+                 "locked_prefix", "spill_rounds"):
         workload = load_workload(name)
         assert workload.description and set(bounds(name)) == {r.rid for r in workload.requests}
