@@ -194,6 +194,21 @@ cache = ["device"]
 page_size = [16]
 """
 
+#: PD around hybrid prefill, at a small and the largest budget, on a prompt that spans chunks at both.
+PD_STATE_FAULTS = """
+[matrix]
+name = "pd_state_faults"
+mode = "full"
+workloads = ["split_kv"]
+
+[factors]
+pd = ["off", "inproc"]
+model = ["dense", "hybrid"]
+prefill_budget = [16, 128]
+cache = ["device"]
+page_size = [16]
+"""
+
 #: every proposer over both pools, on the workload whose requests decode enough to verify.
 PD_SPEC_FAULTS = """
 [matrix]
@@ -243,7 +258,7 @@ MATRIX_OF = {
     "evict_ignores_lock": LOCK_FAULTS,
     "pd_staging_grid_shift": PD_GRID_FAULTS,
     "pd_virtual_ids_on_wire": PD_POOL_FAULTS,
-    "pd_mamba_state_early": PD_POOL_FAULTS,
+    "pd_mamba_state_early": PD_STATE_FAULTS,
     "pd_compaction_in_flight": PD_CHURN_FAULTS,
     "pd_draft_state_not_sent": PD_SPEC_FAULTS,
 }
