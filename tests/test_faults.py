@@ -102,11 +102,13 @@ page_size = [16]
 """
 
 
-#: a request holding a matched prefix while a burst evicts around it, both models, every cache, both page sizes.
+#: a request holding a matched prefix while a burst evicts around it: every cache with both models and with
+#: both page sizes (2-wise: the trigger is one factor).
 LOCK_FAULTS = """
 [matrix]
 name = "lock_faults"
-mode = "full"
+mode = "t-wise"
+strength = 2
 workloads = ["locked_prefix"]
 
 [factors]
