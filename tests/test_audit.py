@@ -111,6 +111,17 @@ def test_a_hit_lost_in_a_capped_pass_fails_cached_tokens(tmp_path: Path, monkeyp
     assert verdict.status == "fail" and {d["pass"] for d in verdict.detail} == {"warm"}
 
 
+def test_a_head_the_store_loses_after_a_second_spill_fails_cached_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """spill_rounds' third round must reload its head from L3 once L1 and L2 both dropped it."""
+    from reference_impl.cache.storage import StorageCache
+
+    spec, cell = one_cell(tmp_path, "spill_rounds", cache="storage", deterministic="off")
+    assert run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"].status == "pass"
+    monkeypatch.setattr(StorageCache, "_below", lambda self, keys, covered: (0, set()))  # L3 never answers a read
+    verdict = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"]
+    assert verdict.status == "fail" and ("cold", "rounds-b0") in {(d["pass"], d["request"]) for d in verdict.detail}
+
+
 def test_a_hit_lost_in_a_later_round_of_the_cold_pass_fails_cached_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """templated's second round must hit the heads the first round cached (32 tokens)."""
     from reference_impl.cache.radix import RadixCache
