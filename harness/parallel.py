@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection, wait
 
 from fixtures.workloads import load_workload
 from harness.runner import (
-    CellPlan, CellResult, GoldenRuns, configure_torch, deadline, error_result, run_plan, run_workload,
+    CellPlan, CellResult, GoldenRuns, configure_torch, deadline, error_result, run_plan,
 )
 
 #: seconds a worker may overrun its cell's timeout (the in-worker alarm fires first) before it is killed.
@@ -97,7 +97,7 @@ def _golden(levels: dict, workload: str, device: str, timeout_s: float) -> objec
     """A golden run, or the traceback that stopped it (the cells that need it become ``error`` rows)."""
     try:
         with deadline(timeout_s):
-            return run_workload(levels, load_workload(workload), frozenset(), device)
+            return GoldenRuns(device).get(levels, load_workload(workload))
     except Exception as exc:
         return "".join(traceback.format_exception(exc)).strip()
 

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class RunProgress:
-    """Context manager: ``cell()`` when a cell starts, ``step()`` at each workload pass, ``advance()`` when it ends.
+    """Context manager: ``step()`` as a cell starts and at each workload pass, ``advance()`` when it ends.
 
     Cells that run side by side (``harness run -j``) each pass their own ``key`` and get a line each.
     """
@@ -36,13 +36,8 @@ class RunProgress:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._progress.stop()
 
-    def cell(self, cell_id: str, key: object = 0) -> None:
-        """A cell starts."""
-        self._running[key] = [cell_id, ""]
-        self._show()
-
     def step(self, what: str, key: object = 0, cell_id: str = "") -> None:
-        """The cell of ``key`` (started now if ``cell()`` was not called) moves on to ``what`` (``burst/alone``)."""
+        """The cell of ``key`` (``cell_id``, shown from its first step) moves on to ``what`` (``burst/alone``)."""
         self._running.setdefault(key, [cell_id, ""])[1] = what
         self._show()
 

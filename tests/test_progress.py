@@ -10,10 +10,8 @@ from harness.progress import RunProgress
 
 def drive(progress: RunProgress) -> None:
     with progress:
-        progress.cell("/model:dense/cache:device/")
-        progress.step("system_prompt/warm")
-        progress.cell("/model:hybrid/cache:off/", key=1)  # a second cell side by side (harness run -j)
-        progress.step("burst/alone", key=1)
+        progress.step("system_prompt/warm", cell_id="/model:dense/cache:device/")
+        progress.step("burst/alone", key=1, cell_id="/model:hybrid/cache:off/")  # a second cell side by side (-j)
         progress._progress.refresh()
         progress.advance(key=1)
         progress._progress.refresh()
