@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from harness import parallel
 from harness.cli import main
 from harness.matrix import generate
