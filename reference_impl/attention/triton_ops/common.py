@@ -34,6 +34,10 @@ import triton  # noqa: E402  (must follow the TRITON_INTERPRET decision above)
 import triton.language as tl  # noqa: E402
 
 INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+if INTERPRETED:
+    from reference_impl.attention.triton_ops import interpreter
+
+    interpreter.install()
 
 #: tokens per KV tile: whole pages when a page is at most this long.
 MIN_BLOCK_N = 64
