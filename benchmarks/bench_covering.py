@@ -2,7 +2,7 @@
 
 Run as ``python benchmarks/bench_covering.py`` from the repository root. For each space: rows
 and seconds per generator, "missing" = allowed t-tuples a generator's rows do not cover
-(checked with ``harness.covering.missing_tuples``), the proven lower bound of our
+(checked with ``harness.matrix.covering.missing_tuples``), the proven lower bound of our
 certificate, and the best known size for uniform spaces (Colbourn's covering array tables).
 
 PICT runs when a ``pict`` binary is on PATH (or named by $PICT); without one its figures
@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 
-from harness import covering  # noqa: E402
-from harness.covering.ipog import ipog  # noqa: E402
+from harness.matrix import covering  # noqa: E402
+from harness.matrix.covering.ipog import ipog  # noqa: E402
 
 Row = tuple[int, ...]
 Clauses = list[dict[int, int]]

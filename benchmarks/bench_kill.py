@@ -14,9 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.killmatrix import check_fault  # noqa: E402
-from harness.matrix_file import load_matrix  # noqa: E402
-from harness.runner import GoldenRuns, configure_torch  # noqa: E402
+from harness.run.faultcheck import check_fault  # noqa: E402
+from harness.matrix.file import load_matrix  # noqa: E402
+from harness.run.runner import GoldenRuns, configure_torch  # noqa: E402
 
 #: matrix → the faults judged on it: the seed faults of the unified pool × Triton, and PD's grid shift
 #: (which needs PD, the staging buffer and a decode-side cache hit at once).

@@ -14,10 +14,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.matrix import generate  # noqa: E402
-from harness.matrix_file import load_matrix  # noqa: E402
-from harness.results import ResultsStore, RunInfo  # noqa: E402
-from harness.runner import GoldenRuns, configure_torch, run_cell  # noqa: E402
+from harness.matrix.model import generate  # noqa: E402
+from harness.matrix.file import load_matrix  # noqa: E402
+from harness.results.store import ResultsStore, RunInfo  # noqa: E402
+from harness.run.runner import GoldenRuns, configure_torch, run_cell  # noqa: E402
 
 
 def main(matrix: str = "smoke") -> None:

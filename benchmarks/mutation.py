@@ -40,9 +40,9 @@ JUDGE_TIMEOUT_S, UNIT_TIMEOUT_S = 300, 300
 
 def judge() -> int:
     """Run the mutation matrix on the tree as it is; print each failing cell's oracles; 1 if any cell fails."""
-    from harness.matrix import generate
-    from harness.matrix_file import load_matrix
-    from harness.runner import GoldenRuns, configure_torch, run_cell
+    from harness.matrix.model import generate
+    from harness.matrix.file import load_matrix
+    from harness.run.runner import GoldenRuns, configure_torch, run_cell
 
     configure_torch()
     spec, goldens, failed = load_matrix(str(ROOT / "benchmarks" / "mutation.toml")), GoldenRuns(), 0

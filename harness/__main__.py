@@ -6,7 +6,7 @@ that ends the command quietly with 141 (128 + SIGPIPE, what a shell reports for 
 import os
 import sys
 
-from harness.cli import main
+from harness.cli.main import main
 
 EXIT_BROKEN_PIPE = 141
 

@@ -1,1 +1,1 @@
-"""Reports of kvmatrix runs: the HTML page (generated files go to reports/out/)."""
+"""Reports of kvmatrix runs, rendered from the record (harness.results): the HTML page, compare page, JUnit XML."""

@@ -11,7 +11,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from harness.rows import as_float
+from harness.results.rows import as_float
 
 BAR_HEIGHT = 60
 
@@ -30,12 +30,8 @@ class TokenColumn:
 def token_diff(finding: Mapping) -> list[TokenColumn]:
     """Golden and cell tokens aligned by step, differing steps flagged, the first divergence marked."""
     step = finding.get("step", 0)
-    start = finding.get("window_start")
-    if start is None:  # rows written before the oracle kept both windows: context, then the divergent token
-        context = list(finding.get("context", []))
-        start, expected, got = step - len(context), [*context, finding.get("expected")], [*context, finding.get("got")]
-    else:
-        expected, got = list(finding.get("expected_tokens", [])), list(finding.get("got_tokens", []))
+    start = finding.get("window_start", step)
+    expected, got = list(finding.get("expected_tokens", [])), list(finding.get("got_tokens", []))
     n = max(len(expected), len(got))
     pad = [None] * n
     return [TokenColumn(start + i, (expected + pad)[i], (got + pad)[i], (expected + pad)[i] != (got + pad)[i],

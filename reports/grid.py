@@ -10,6 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
+
+from harness.results.frame import FACTOR, factor_columns, frame
 
 CELL = 16
 LABEL = 170
@@ -36,16 +39,20 @@ def rate_colour(rate: float) -> str:
 
 
 def grid(rows: Sequence[Mapping]) -> dict | None:
-    """The grid's view model over the factors that vary, or None with fewer than two such factors."""
-    levels: dict[str, dict[str, object]] = {}
-    for row in rows:
-        for factor, level in row["factors"].items():
-            levels.setdefault(factor, {}).setdefault(json.dumps(level), level)
-    axes = [(f, key, level) for f, ls in levels.items() if len(ls) > 1 for key, level in ls.items()]
-    if len({f for f, _, _ in axes}) < 2:
+    """The grid's view model over the factors that vary, or None with fewer than two such factors.
+
+    One indicator column per (factor, level), levels in the order the rows first show them; cells
+    with both levels of a pair are ``indicators.T @ indicators``, failing ones the same over failing rows.
+    """
+    table = frame(rows)
+    keys = {column[len(FACTOR):]: table[column].map(json.dumps, na_action="ignore") for column in factor_columns(table)}
+    varying = {factor: key for factor, key in keys.items() if key.nunique() > 1}
+    if len(varying) < 2:
         return None
-    onehot = np.array([[json.dumps(r["factors"].get(f)) == key for f, key, _ in axes] for r in rows], dtype=np.int64)
-    failing = np.array([r["status"] in ("fail", "error") for r in rows], dtype=bool)
+    axes = [(factor, level_key, json.loads(level_key)) for factor, key in varying.items() for level_key in key.dropna().unique()]
+    onehot = pd.concat([pd.get_dummies(pd.Categorical(key, categories=key.dropna().unique()), dtype=np.int64)
+                        for key in varying.values()], axis=1).to_numpy()
+    failing = table["failing"].to_numpy()
     totals, fails = onehot.T @ onehot, onehot[failing].T @ onehot[failing]
     squares = []
     for i, (fi, _, li) in enumerate(axes):

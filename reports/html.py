@@ -17,8 +17,9 @@ from pathlib import Path
 
 import jinja2
 
-from harness.rows import dumps
-from reports.compare import Comparison
+from harness.results.compare import Comparison
+from harness.results.files import INDEX
+from harness.results.rows import write_atomic
 from reports.page import filter_css, index_context
 
 CSS_NAME = "report.css"
@@ -56,20 +57,12 @@ def index_page(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mappi
     return render("index.html", css, **context), css
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` so that a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def write_report(directory: Path, rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = ()) -> None:
-    """summary.json, index.html and report.css into ``directory``."""
+    """index.html and report.css into ``directory`` (a ``Render`` for ``harness.results.store.ResultsStore``)."""
     directory.mkdir(parents=True, exist_ok=True)
     page, css = index_page(rows, summary, probes)
-    write_atomic(directory / "summary.json", dumps(summary, indent=2) + "\n")
     write_atomic(directory / CSS_NAME, css)
-    write_atomic(directory / "index.html", page)
+    write_atomic(directory / INDEX, page)
 
 
 def write_compare(path: Path, comparison: Comparison, base_name: str, new_name: str) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from harness.provenance import reproduce_command
-from harness.rows import as_float, dumps
+from harness.results.culprits import analyze, error_class
+from harness.results.header import reproduce_command
+from harness.results.rows import as_float, dumps, error_line
 from reports import evidence
 from reports.grid import grid
-from reports.locate import analyze, error_type
 
 STATUS_ORDER = {"error": 0, "fail": 1, "pass": 2, "skip": 3}
 ORACLE_ORDER = ["tokens", "logprobs", "nan", "accept_length", "cached_tokens", "batch_invariance", "completeness",
@@ -49,9 +49,8 @@ def failing_oracles(row: Mapping) -> list[str]:
 
 def signature(row: Mapping) -> tuple:
     """Rows with equal signatures failed identically: same oracles with the same messages, or the same error."""
-    last = [line for line in (row.get("error") or "").splitlines() if line.strip()]
     return (row["status"], tuple((n, row["oracles"][n].get("message", "")) for n in failing_oracles(row)),
-            last[-1] if last else "")
+            error_line(row.get("error")))
 
 
 def _header_of(row: Mapping, runs: Mapping[str, Mapping]) -> Mapping:
@@ -102,7 +101,7 @@ def cell_rows(rows: Sequence[Mapping], factors: Sequence[str], levels: Mapping[s
     """The cells table: every cell with its status, levels, failing oracles and metric columns; filter classes."""
     out = []
     for row in sorted(rows, key=lambda r: (STATUS_ORDER.get(r["status"], 9), r["cell_id"])):
-        failing = failing_oracles(row) + ([f"error: {error_type(row)}"] if row["status"] == "error" else [])
+        failing = failing_oracles(row) + ([f"error: {error_class(row)}"] if row["status"] == "error" else [])
         classes = [f"s-{row['status']}"] + [f"o{oracles.index(n)}" for n in failing if n in oracles]
         classes += [f"f{i}-{levels[f].index(row['factors'][f])}" for i, f in enumerate(factors) if f in row["factors"]]
         tiers = (row.get("metrics") or {}).get("cached_tokens_warm_by_tier") or {}

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-import harness.runner as runner
+import harness.sut.reference as reference
 from fixtures.workloads import load_workload
-from harness.matrix import generate
-from harness.matrix_file import load_matrix
-from harness.oracles import ORACLES
-from harness.runner import GoldenRuns, run_cell
+from harness.matrix.model import generate
+from harness.matrix.file import load_matrix
+from harness.run.oracles import ORACLES
+from harness.run.runner import GoldenRuns, run_cell
 from reference_impl.engine.llm_engine import Engine
 from tests.test_oracles import baseline, view
 
@@ -86,8 +86,10 @@ def test_alone_runs_that_differ_from_the_batch_fail_batch_invariance(tmp_path: P
     spec = load_matrix(str(path))
     (cell,) = generate(spec)
     assert run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["batch_invariance"].status == "pass"
-    # the alone runs (the runner's only plain Engine) lose deterministic mode: same tokens, other bits
-    monkeypatch.setattr(runner, "Engine", lambda config: Engine(replace(config, deterministic=False)))
+    # the alone runs (the session's solo- tenant) lose deterministic mode: same tokens, other bits
+    make_engine = reference.make_engine
+    monkeypatch.setattr(reference, "make_engine", lambda config: Engine(replace(config, deterministic=False))
+                        if config.tenant.startswith("solo-") else make_engine(config))
     verdict = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["batch_invariance"]
     assert verdict.status == "fail" and {d["against"] for d in verdict.detail} == {"solo"}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reports.html import write_report
-from reports.rundata import summarize
+from harness.results.reader import summarize
 from tests import report_rows
 from tests.binaries import required_binary
 

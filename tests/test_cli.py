@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 
 TINY = """
 [matrix]
@@ -175,8 +175,8 @@ def test_kill_says_when_no_cell_triggers_the_fault(tmp_path: Path, capsys) -> No
 
 
 def test_kill_exits_1_and_names_the_missed_cell(tmp_path: Path, capsys, monkeypatch) -> None:
-    from harness import cli
-    from harness.killmatrix import FaultCheck
+    import harness.cli.main as cli
+    from harness.run.faultcheck import FaultCheck
 
     missed = FaultCheck("priority_scheduler_drop", 2, frozenset({"a"}), frozenset(), frozenset(), 0.1)
     monkeypatch.setattr(cli, "check_fault", lambda spec, name, goldens: missed)

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import covering
-from harness.covering import exact
+from harness.matrix import covering
+from harness.matrix.covering import exact
 
 #: the factor set FIELD-NOTES measured: the exact ILP reaches the bound (16 at t=2, 48 at t=3).
 REFERENCE = [3, 2, 4, 2, 2, 4, 2]
@@ -101,7 +101,7 @@ def test_ipog_covers_every_allowed_tuple(space: tuple[list[int], int, Forbid]) -
 def test_reference_set_reaches_lower_bound(t: int, bound: int) -> None:
     """Speed is measured in benchmarks/bench_covering.py, never asserted here."""
     rows = covering.covering_array(REFERENCE, t, lambda row: True)
-    assert covering.lower_bound(REFERENCE, t) == bound
+    assert covering.product_bound(REFERENCE, t) == bound
     assert len(rows) == bound
 
 
@@ -109,7 +109,7 @@ def test_reference_set_reaches_lower_bound(t: int, bound: int) -> None:
 def test_rows_are_identical_across_processes_and_hash_seeds(domains: list[int], t: int) -> None:
     """HiGHS and the seeded searches give the same rows in a fresh interpreter (no clock or hash order in them)."""
     clause = "{0: [1], 2: [1]}"
-    code = ("from harness import covering; "
+    code = ("from harness.matrix import covering; "
             f"print(covering.covering_array({domains}, {t}, covering.Forbidden({domains}, [{clause}])))")
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
@@ -119,8 +119,8 @@ def test_rows_are_identical_across_processes_and_hash_seeds(domains: list[int], 
 
 
 def test_lower_bound_is_product_of_largest_domains() -> None:
-    assert [covering.lower_bound(REFERENCE, t) for t in (1, 2, 3, 4)] == [4, 16, 48, 96]
-    assert covering.lower_bound([1, 1, 5], 2) == 5
+    assert [covering.product_bound(REFERENCE, t) for t in (1, 2, 3, 4)] == [4, 16, 48, 96]
+    assert covering.product_bound([1, 1, 5], 2) == 5
 
 
 @pytest.mark.parametrize(("domains", "t"), [([2, 3], 0), ([2, 3], 3), ([2, 0], 1), ([], 1), ([2, 2], True)])
@@ -309,7 +309,7 @@ def test_a_dear_level_takes_the_fewest_rows_coverage_allows(
 def test_smoke_shape_puts_triton_in_four_rows(method: covering.Method) -> None:
     """Triton must meet each of spec's 4 levels, one per row: 4 Triton rows is the minimum, at 12 rows."""
     rows = covering.covering_array(SMOKE, 2, smoke_allowed, method=method, cost=dear_level(BACKEND, 1))
-    assert len(rows) == covering.lower_bound(SMOKE, 2) == 12
+    assert len(rows) == covering.product_bound(SMOKE, 2) == 12
     assert sum(row[BACKEND] == 1 for row in rows) == 4
     assert covering.missing_tuples(rows, SMOKE, 2, smoke_allowed) == []
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from fixtures.workloads import Workload
-from harness.engine_setup import engine_levels
-from harness.matrix import generate
-from harness.runner import GoldenRuns, WorkloadRun, run_cell, run_workload
+from harness.matrix.levels import engine_levels
+from harness.matrix.model import generate
+from harness.run.runner import GoldenRuns, WorkloadRun, run_cell, run_workload
 from reference_impl.faults import FAULTS
 from tests.test_faults import fault_matrix
 

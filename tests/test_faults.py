@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.killmatrix import _seen, check_fault, raised
-from harness.matrix import MatrixSpec
-from harness.matrix_file import load_matrix
-from harness.runner import CellResult, GoldenRuns
+from harness.results.rows import error_type
+from harness.run.faultcheck import _seen, check_fault
+from harness.matrix.model import MatrixSpec
+from harness.matrix.file import load_matrix
+from harness.run.runner import CellResult, GoldenRuns
 from reference_impl.faults import FAULTS
 
 #: pool × backend × deterministic × poison around every unified-pool and Triton fault, on the
@@ -304,14 +305,14 @@ def test_an_error_fault_is_seen_only_through_the_exception_it_names() -> None:
 
     def errored(last_line: str) -> CellResult:
         trace = f"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n{last_line}"
-        return CellResult("c", "m", {}, "error", error=trace)
+        return CellResult(cell_id="c", matrix="m", factors={}, status="error", error=trace)
 
-    assert raised(errored("IndexError: tuple index out of range").error) == "IndexError"
-    assert raised(errored("reference_impl.memory.static.PoolIntegrityError: page 3 freed while not live").error) == "PoolIntegrityError"
+    assert error_type(errored("IndexError: tuple index out of range").error) == "IndexError"
+    assert error_type(errored("reference_impl.memory.static.PoolIntegrityError: page 3 freed while not live").error) == "PoolIntegrityError"
     assert _seen(errored("IndexError: tuple index out of range"), fault)
     assert not _seen(errored("ValueError: MTP layer 4 must be attention"), fault)
-    assert not _seen(errored("harness.runner.CellTimeout: cell exceeded its timeout of 1 s"), fault)
-    assert not _seen(CellResult("c", "m", {}, "fail"), fault)
+    assert not _seen(errored("harness.run.runner.CellTimeout: cell exceeded its timeout of 1 s"), fault)
+    assert not _seen(CellResult(cell_id="c", matrix="m", factors={}, status="fail"), fault)
 
 
 #: levels a fault's check matrix must cover for each trigger factor that is not a component (switches, values).
@@ -330,7 +331,7 @@ UNCOVERED = {
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_each_fault_matrix_covers_every_level_of_its_trigger_factors(fault: str, tmp_path: Path) -> None:
-    from harness.engine_setup import DEFAULT_LEVELS
+    from harness.matrix.levels import DEFAULT_LEVELS
     from reference_impl import registry
 
     spec = fault_matrix(fault, tmp_path)

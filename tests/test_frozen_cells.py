@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.matrix import generate
-from harness.matrix_file import load_matrix
+from harness.matrix.model import generate
+from harness.matrix.file import load_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRICES = sorted((ROOT / "matrices").glob("*.toml"))

@@ -1,4 +1,4 @@
-"""The package layout: reference_impl's sub-packages stack one way, and the harness sits on top.
+"""The package layout: reference_impl's and harness's sub-packages each stack one way, reports/ only renders.
 
 Read from the source with ``ast`` (every import statement, including those inside functions),
 so a cycle or a reach into another package's private names fails here, not in a reader's head.
@@ -52,8 +52,8 @@ def unit(module: str) -> str:
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] not in ROOT_MODULES) else "root"
 
 
-def source_files() -> list[Path]:
-    return sorted((ROOT / PACKAGE).rglob("*.py"))
+def source_files(package: str = PACKAGE) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
 
 
 def package_graph() -> dict[str, set[str]]:
@@ -141,3 +141,75 @@ def test_registry_levels_resolve(factor: str) -> None:
     for level in registry.COMPONENTS[factor]:
         resolved = registry.resolve(factor, level)
         assert (resolved is None) == ((factor, level) == ("pd", "off")), (factor, level, resolved)
+
+
+#: harness's layers, top down: an import goes to the same layer or a lower one, never up, never across.
+HARNESS_LAYERS = {"entry": 3, "run": 2, "sut": 1, "results": 1, "matrix": 0}
+#: the entry points: ``python -m harness``, the pytest plugin and the command line (the only importers of reports/).
+HARNESS_ENTRY = {"harness.__main__", "harness.pytest_plugin"}
+
+
+def harness_unit(module: str) -> str:
+    """``harness.run.runner`` → ``run``; the entry points (``__main__``, the plugin, ``cli/``) → ``entry``."""
+    if module in HARNESS_ENTRY or module == "harness" or module.split(".")[1] == "cli":
+        return "entry"
+    return module.split(".")[1]
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Module → the modules of the same package it imports."""
+    known = {module_name(p) for p in source_files(package)}
+    # a module's own ancestor packages run before it whatever it imports: ``from pkg import sibling`` is no cycle
+    return {module_name(path): {t for t, _, _ in imports(path)
+                                if t in known and t != module_name(path) and not module_name(path).startswith(t + ".")}
+            for path in source_files(package)}
+
+
+def test_harness_modules_import_no_cycle() -> None:
+    """No module of harness/ imports (directly or through others) one that imports it back."""
+    graph = module_graph("harness")
+    assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+def test_harness_layers_stack_one_way() -> None:
+    """entry points → run → sut / results → matrix: no import goes up a layer or across to a sibling layer."""
+    bad = [
+        f"{module} ({harness_unit(module)}) imports {target} ({harness_unit(target)})"
+        for module, targets in module_graph("harness").items()
+        for target in sorted(targets)
+        if harness_unit(target) != harness_unit(module)
+        and HARNESS_LAYERS[harness_unit(target)] >= HARNESS_LAYERS[harness_unit(module)]
+    ]
+    assert not bad, bad
+    top = sorted(p.stem for p in (ROOT / "harness").glob("*.py") if p.stem != "__init__")
+    assert top == ["__main__", "pytest_plugin"], f"modules outside a sub-package: {top}"
+
+
+def test_only_the_entry_points_import_reports() -> None:
+    """The record never depends on how it is shown: below the entry points, nothing in harness/ imports reports/."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for path in source_files("harness")
+        if harness_unit(module_name(path)) != "entry"
+        for target, _, line in imports(path)
+        if target.split(".")[0] == "reports"
+    ]
+    assert not bad, bad
+
+
+def test_reports_read_the_record_through_harness_results_only() -> None:
+    """reports/ renders: of the project's own packages it imports only harness.results (and itself)."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for path in source_files("reports")
+        for target, _, line in imports(path)
+        if target.split(".")[0] in {"harness", "reference_impl", "fixtures"}
+        and not (target == "harness.results" or target.startswith("harness.results."))
+    ]
+    assert not bad, bad
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    """The checker itself: a results module importing the runner is an upward import."""
+    assert HARNESS_LAYERS[harness_unit("harness.run.runner")] > HARNESS_LAYERS[harness_unit("harness.results.store")]
+    assert harness_unit("harness.cli.main") == harness_unit("harness.pytest_plugin") == "entry"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.engine_setup import engine_levels
-from harness.locate import locate, one_factor_changes
-from harness.matrix import Cell, generate
-from harness.matrix_file import load_matrix
+from harness.cli.main import main
+from harness.matrix.levels import engine_levels
+from harness.run.probes import locate, one_factor_changes
+from harness.matrix.model import Cell, generate
+from harness.matrix.file import load_matrix
 from reference_impl.faults import FAULTS, Fault
 from reference_impl.registry import COMPONENTS, SWITCH_FACTORS
 from tests.test_faults import MATRIX_OF

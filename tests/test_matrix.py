@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from harness import matrix, matrix_file
-from harness.matrix import Cell, MatrixError, MatrixSpec
+from harness.matrix import file as matrix_file, levels, model as matrix
+from harness.matrix.model import Cell, MatrixError, MatrixSpec
 
 VALID = """\
 [matrix]
@@ -73,14 +73,14 @@ def test_valid_file_loads(tmp_path: Path) -> None:
     assert spec.factors == (("model", ("dense", "hybrid")), ("cache", ("off", "device")),
                             ("scheduler", ("fcfs", "priority")), ("page_size", (1, 16)))
     assert [dict(c.forbid) for c in spec.constraints] == [{"cache": ("off",), "scheduler": ("priority",)}]
-    assert dict(spec.golden) == {**matrix.DEFAULT_GOLDEN, "scheduler": "fcfs"}
+    assert dict(spec.golden) == {**levels.DEFAULT_GOLDEN, "scheduler": "fcfs"}
 
 
 def test_defaults(tmp_path: Path) -> None:
     text = '[matrix]\nname = "smoke"\nmode = "full"\n[factors]\nmodel = ["dense"]\n'
     spec = load(tmp_path, text)
     assert (spec.description, spec.strength, spec.workloads, spec.timeout_s) == ("", None, (), 600.0)
-    assert spec.constraints == () and dict(spec.golden) == dict(matrix.DEFAULT_GOLDEN)
+    assert spec.constraints == () and dict(spec.golden) == dict(levels.DEFAULT_GOLDEN)
 
 
 def test_resolve_by_name_and_by_path(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fixtures.workloads import CachedExpectation
-from harness.oracles import ORACLES, TOKEN_WINDOW, PassView, judge
+from harness.run.oracles import ORACLES, TOKEN_WINDOW, PassView, judge
 from reference_impl.engine.model_runner import NanEvent
 from reference_impl.request import RequestOutput
 

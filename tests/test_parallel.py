@@ -9,11 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from harness import parallel
-from harness.cli import main
-from harness.matrix import generate
-from harness.matrix_file import load_matrix
-from harness.runner import plan_cell
+from harness.run import parallel
+from harness.cli.main import main
+from harness.matrix.model import generate
+from harness.matrix.file import load_matrix
+from harness.run.runner import plan_cell
 from tests.components import GATE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from fixtures.workloads import load_workload
-from harness.engine_setup import build_engine_config
-from harness.matrix import generate
-from harness.matrix_file import load_matrix
-from harness.runner import GoldenRuns, run_cell
+from harness.sut.reference import build_engine_config
+from harness.matrix.model import generate
+from harness.matrix.file import load_matrix
+from harness.run.runner import GoldenRuns, run_cell
 from reference_impl import registry
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine

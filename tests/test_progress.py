@@ -5,7 +5,7 @@ import io
 
 from rich.console import Console
 
-from harness.progress import RunProgress
+from harness.cli.progress import RunProgress
 
 
 def drive(progress: RunProgress) -> None:

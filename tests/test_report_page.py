@@ -9,8 +9,8 @@ import pytest
 
 from reports import evidence
 from reports.html import index_page
-from reports.locate import analyze
-from reports.rundata import summarize
+from harness.results.culprits import analyze
+from harness.results.reader import summarize
 from tests import report_rows
 
 PAYLOAD = "<script>alert(1)</script>\"'><img src=x onerror=alert(2)>"

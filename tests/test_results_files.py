@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.oracles import Verdict
-from harness.results import ResultsStore, RunInfo
-from harness.rows import as_float, dumps, loads
-from harness.runner import CellResult
+from harness.cli.main import main
+from harness.results.rows import CellResult, Verdict, as_float, dumps, loads
+from harness.results.store import ResultsStore, RunInfo
 from tests.test_cli import records, write_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,8 +93,8 @@ def test_a_nan_logprob_is_written_as_strict_json(tmp_path: Path) -> None:
     store = ResultsStore(tmp_path, RunInfo("m", "full", None, [], 1))
     store.start(resume=False, planned={"c"})
     verdict = Verdict("logprobs", "fail", "Δ nan", [{"step": 3, "expected": -0.5, "got": math.nan, "delta": math.nan}])
-    store.add(CellResult("c", "m", {"f": 1}, "fail", {"logprobs": verdict},
-                         {"mean_accept_length": math.inf, "worst": -math.inf}))
+    store.add(CellResult(cell_id="c", matrix="m", factors={"f": 1}, status="fail", oracles={"logprobs": verdict},
+                         metrics={"mean_accept_length": math.inf, "worst": -math.inf}))
     store.finish()
     (row,) = [strict_json(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert row["oracles"]["logprobs"]["detail"][0]["got"] == "NaN"

@@ -146,9 +146,9 @@ def test_rejected_draft_pages_are_freed_at_once(make_engine) -> None:
 
 
 def test_spec_is_a_factor_whose_golden_is_none() -> None:
-    from harness.engine_setup import DEFAULT_LEVELS
-    from harness.matrix import DEFAULT_GOLDEN
-    from harness.runner import spec_golden_levels
+    from harness.matrix.levels import DEFAULT_LEVELS
+    from harness.matrix.levels import DEFAULT_GOLDEN
+    from harness.run.runner import spec_golden_levels
     from reference_impl import registry
 
     assert set(registry.COMPONENTS["spec"]) == {"none", "ngram", "draft", "mtp"}
@@ -161,9 +161,9 @@ def test_spec_is_a_factor_whose_golden_is_none() -> None:
 
 
 def test_cell_metrics_report_accept_length_and_draft_state_hits(tmp_path) -> None:
-    from harness.matrix import generate
-    from harness.matrix_file import load_matrix
-    from harness.runner import GoldenRuns, run_cell
+    from harness.matrix.model import generate
+    from harness.matrix.file import load_matrix
+    from harness.run.runner import GoldenRuns, run_cell
 
     path = tmp_path / "m.toml"
     path.write_text('[matrix]\nname = "m"\nmode = "full"\nworkloads = ["system_prompt"]\n'

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.rows import write_lines
-from reports.compare import compare
+from harness.cli.main import main
+from harness.results.rows import write_lines
+from harness.results.compare import compare
 from tests import report_rows
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from fixtures.spec_expect import NGRAM_MAX_N, prompt_lookup
 from fixtures.workloads import VOCAB, load_workload
-from harness.engine_setup import DEFAULT_LEVELS
-from harness.runner import run_workload
+from harness.matrix.levels import DEFAULT_LEVELS
+from harness.run.runner import run_workload
 
 HIT = dict(page_size=16, state_interval=32, chunk_size=16)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.covering.space import Row, RowCheck, TupleSpace
+from harness.matrix.covering.space import Row, RowCheck, TupleSpace
 
 #: moves one repair may take before the attempt to lose a row is given up, per required tuple
 #: (small spaces give up fast, where the ILP is the better tool) and at most.

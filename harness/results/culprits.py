@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.results.rows import error_type
+
 MAX_SIZE = 3
 
 
@@ -70,11 +72,9 @@ class FailureClass:
         return not self.unexplained and all(f.pinned for f in self.findings)
 
 
-def error_type(row: Mapping[str, object]) -> str:
+def error_class(row: Mapping[str, object]) -> str:
     """The exception type of an errored row, from its traceback's last line (``IndexError``)."""
-    lines = [line for line in str(row.get("error") or "").splitlines() if line.strip()]
-    head = lines[-1].split(":", 1)[0].strip() if lines else "unknown"
-    return head.rsplit(".", 1)[-1] or "unknown"
+    return error_type(row.get("error")) or "unknown"
 
 
 def outcome(row: Mapping, name: str) -> bool | None:
@@ -85,7 +85,7 @@ def outcome(row: Mapping, name: str) -> bool | None:
     """
     completed = row["status"] in ("pass", "fail")
     if name.startswith("error: "):
-        return True if row["status"] == "error" and error_type(row) == name[len("error: "):] else (False if completed else None)
+        return True if row["status"] == "error" and error_class(row) == name[len("error: "):] else (False if completed else None)
     if not completed:
         return None
     return row["oracles"].get(name, {}).get("verdict") == "fail"
@@ -94,7 +94,7 @@ def outcome(row: Mapping, name: str) -> bool | None:
 def class_masks(rows: Sequence[Mapping]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Failure class → (failing, passing) masks over ``rows``; only classes with at least one failure."""
     names = [n for n in dict.fromkeys(n for r in rows for n, v in r["oracles"].items() if v.get("verdict") == "fail")]
-    names += [f"error: {kind}" for kind in sorted({error_type(r) for r in rows if r["status"] == "error"})]
+    names += [f"error: {kind}" for kind in sorted({error_class(r) for r in rows if r["status"] == "error"})]
     classes = {}
     for name in names:
         outcomes = [outcome(r, name) for r in rows]

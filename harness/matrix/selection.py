@@ -1,4 +1,5 @@
-"""``--cell ID``: the cells a command line names, from the matrix's array or any allowed combination of its levels.
+"""``--cell ID`` and ``--shard I/N``: the cells a command line names, from the matrix's array or any allowed
+combination of its levels, and the share of them one runner takes.
 
 A cell id names a level of every factor in file order, so an id is read back against the
 matrix itself: factor by factor, a level whose partial id is a prefix of the text. That finds
@@ -10,11 +11,31 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 
-from harness.matrix import Cell, MatrixSpec
+from harness.matrix.model import Cell, MatrixSpec
 
 
-class UnknownCellError(ValueError):
-    """A ``--cell`` id that names no allowed cell of the matrix; the message lists the closest ids."""
+class SelectionError(ValueError):
+    """A ``--cell`` id that names no allowed cell of the matrix (the message lists the closest ids), or a
+    ``--shard`` that is not ``I/N``; the message names the option as typed."""
+
+
+def parse_shard(text: str, option: str = "--shard") -> tuple[int, int]:
+    """``"I/N"`` (1 ≤ I ≤ N) → (I, N); errors name ``option``, the flag the user typed."""
+    try:
+        index, total = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise SelectionError(f"{option} {text!r}: expected I/N, e.g. 1/4") from None
+    if not 1 <= index <= total:
+        raise SelectionError(f"{option} {text!r}: need 1 <= I <= N")
+    return index, total
+
+
+def select_shard(cells: Sequence[Cell], shard: tuple[int, int] | None) -> list[Cell]:
+    """Every N-th cell starting at the I-th: shards are disjoint, cover the matrix and stay stable."""
+    if shard is None:
+        return list(cells)
+    index, total = shard
+    return [cell for i, cell in enumerate(cells) if i % total == index - 1]
 
 
 def _parse(spec: MatrixSpec, text: str) -> list[Cell]:
@@ -44,7 +65,7 @@ def cell_by_id(spec: MatrixSpec, cell_id: str, generated: Sequence[Cell]) -> Cel
             return cell
     close = difflib.get_close_matches(cell_id, [c.cell_id for c in generated], n=3, cutoff=0.5)
     hint = f"; closest: {', '.join(close)}" if close else ""
-    raise UnknownCellError(f"--cell {cell_id!r}: no allowed cell of matrix {spec.name} has this id{hint}")
+    raise SelectionError(f"--cell {cell_id!r}: no allowed cell of matrix {spec.name} has this id{hint}")
 
 
 def select_cells(spec: MatrixSpec, generated: Sequence[Cell], ids: Sequence[str]) -> list[Cell]:

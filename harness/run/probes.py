@@ -1,7 +1,7 @@
 """``harness locate``: run the few extra cells that settle which combination makes a run's cells fail.
 
 For a failing cell whose failure more than one candidate combination could explain
-(``reports.locate``), change one factor at a time (to the allowed level whose cells failed
+(``harness.results.culprits``), change one factor at a time (to the allowed level whose cells failed
 least so far, the golden level first among equals) and run that cell: a factor whose change
 makes the failure go away is part of the cause. That is at most one extra cell per
 factor of the failing cell (k cells for k factors, exact for a deterministic fault); the
@@ -15,8 +15,11 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from harness.matrix import Cell, MatrixSpec
-from reports.locate import FailureClass, analyze, outcome
+import pandas as pd
+
+from harness.matrix.model import Cell, MatrixSpec
+from harness.results.frame import FACTOR, factor_columns, frame
+from harness.results.culprits import FailureClass, analyze, outcome
 
 #: failing cells probed per failure class at most (each costs up to k extra cells): a trigger with two
 #: factors of two levels each (spec∈{draft, mtp} & cache∈{host, storage}) needs four.
@@ -59,15 +62,14 @@ def one_factor_changes(spec: MatrixSpec, cell: Cell,
 
 def failure_rates(rows: Sequence[Mapping], name: str) -> Callable[[str, object], float]:
     """(factor, level) → the share of cells at that level that fail class ``name`` (0 where none says)."""
-    counts: dict[tuple[str, str], list[int]] = {}
-    for row in rows:
-        result = outcome(row, name)
-        if result is not None:
-            for factor, level in row["factors"].items():
-                tally = counts.setdefault((factor, json.dumps(level)), [0, 0])
-                tally[0] += result
-                tally[1] += 1
-    return lambda factor, level: (lambda t: t[0] / t[1] if t else 0.0)(counts.get((factor, json.dumps(level))))
+    judged = [(i, result) for i, row in enumerate(rows) if (result := outcome(row, name)) is not None]
+    table = frame([rows[i] for i, _ in judged])
+    failed = pd.Series([result for _, result in judged], dtype=float)
+    rates = {}
+    for column in factor_columns(table):
+        levels = table[column].map(json.dumps, na_action="ignore").to_numpy()
+        rates.update({(column[len(FACTOR):], key): rate for key, rate in failed.groupby(levels).mean().items()})
+    return lambda factor, level: rates.get((factor, json.dumps(level)), 0.0)
 
 
 def _unsettled(cls: FailureClass) -> list[str]:

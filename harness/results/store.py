@@ -17,13 +17,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.provenance import RunHeader
-from harness.rows import dumps, read_rows, write_lines
-from harness.runner import CellResult
-from reports.html import write_report
-from reports.rundata import RESULTS, RUNS, load, planned, summarize
+from harness.results.files import INDEX, LOCK, REJECTED, RESULTS, RUNS, SUMMARY
+from harness.results.header import RunHeader
+from harness.results.reader import load, planned, summarize, write_summary
+from harness.results.rows import CellResult, dumps, read_rows, write_lines
 
-REJECTED = "results.rejected.jsonl"
+#: draws the report page from a directory's rows, summary and probes (``reports.html.write_report``): the
+#: entry points hand it in, so the record never depends on how it is shown.
+Render = Callable[[Path, Sequence[dict], dict, Sequence[dict]], None]
 #: re-render the page after a cell only when this many render-times have passed since the last:
 #: the page costs at most 1/REFRESH_RATIO of the run, even at thousands of cells.
 REFRESH_RATIO = 10
@@ -51,13 +52,15 @@ def warn(message: str) -> None:
 class ResultsStore:
     """The report directory of one run (or of one shard of it)."""
 
-    def __init__(self, report_dir: Path, info: RunInfo, warn: Callable[[str], None] = warn) -> None:
+    def __init__(self, report_dir: Path, info: RunInfo, render: Render | None = None,
+                 warn: Callable[[str], None] = warn) -> None:
         self.dir = Path(report_dir)
         self.info = info
+        self.render = render
         self.warn = warn
         self.results_path = self.dir / RESULTS
-        self.summary_path = self.dir / "summary.json"
-        self.index_path = self.dir / "index.html"
+        self.summary_path = self.dir / SUMMARY
+        self.index_path = self.dir / INDEX
         self._last_refresh = 0.0
         self._render_seconds = 0.0
         self._added: set[str] = set()
@@ -65,7 +68,7 @@ class ResultsStore:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / ".lock", "w") as lock:
+        with open(self.dir / LOCK, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -165,7 +168,9 @@ class ResultsStore:
         runs = [r for r in runs if r["run_id"] in seen]
         summary = summarize(rows, runs, planned(runs, self.info.cells_planned), self.info.started)
         summary.update(matrix=self.info.matrix, mode=self.info.mode, strength=self.info.strength, faults=self.info.faults)
-        write_report(self.dir, rows, summary, data.probes if data else [])
+        write_summary(self.dir, summary)
+        if self.render is not None:
+            self.render(self.dir, rows, summary, data.probes if data else [])
         self._render_seconds = time.perf_counter() - started
         self._last_refresh = time.perf_counter()
         return summary

@@ -2,27 +2,23 @@
 from __future__ import annotations
 
 import signal
-import tempfile
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from fixtures.spec_expect import accept_band
 from fixtures.workloads import CachedExpectation, Workload, load_workload
-from harness.engine_setup import STATE_INTERVAL, build_engine_config, engine_levels, make_engine
-from harness.matrix import Cell, MatrixSpec
-from harness.oracles import PASSES, PassView, Verdict, judge
-from reference_impl.cache.radix import NoCache
-from reference_impl.cache.stores import FileStore
-from reference_impl.config import EngineConfig
-from reference_impl.engine.llm_engine import Engine, EngineStats
-from reference_impl.pd.disagg import DisaggEngine
+from harness.matrix.levels import engine_levels
+from harness.matrix.model import Cell, MatrixSpec
+from harness.results.rows import CellResult
+from harness.run.oracles import PASSES, PassView, judge
+from harness.sut.base import PassResult, Session, SystemUnderTest, Totals, Traits
+from harness.sut.reference import ReferenceSession
 from reference_impl.request import TIERS, RequestOutput
 from reference_impl.spec.verify import outputs_accept_stats
 
@@ -50,121 +46,74 @@ def deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-@dataclass(slots=True)
-class PassRecord:
-    """One pass of one workload: outputs as returned, NaN events, idle audit."""
-
-    outputs: list[RequestOutput]
-    nan_events: list
-    audit: list[str]
-    counters: dict[str, int] = field(default_factory=dict)  # the engine's decode counters over this pass alone
-
-
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class WorkloadRun:
-    """A workload run cold then warm on one engine."""
+    """A workload run cold then warm (and its isolation passes) on one system, and each request alone."""
 
     workload: Workload
-    passes: dict[str, PassRecord]
+    traits: Traits
+    passes: dict[str, PassResult]
     solo: list[RequestOutput] | None  # deterministic mode: every request run alone (batch size 1)
-    stats: EngineStats
-    dtype: torch.dtype
-    cache_enabled: bool
-    hybrid: bool
-    deterministic: bool
-    page_size: int
-    num_draft_tokens: int
-    chunk_size: int  # the Mamba2 SSD chunk, which with the page size sets the snapshot grid
+    totals: Totals
     seconds: float
-    tiers: tuple[str, ...] = ()  # the cache's tiers below L1 ("host", "storage")
-    pd: dict | None = None       # PD cells: what crossed between the engines (DisaggEngine.counters)
-    aborts_allowed: bool = False  # PD cells that inject transport failures may report requests aborted
-    spec: str = "none"            # the proposer level
-    model: str = ""               # the model level (names the accept band)
 
 
 def run_workload(
     levels: Mapping[str, object], workload: Workload, faults: frozenset[str], device: str = "cpu",
     on_step: Callable[[str], None] | None = None,
 ) -> WorkloadRun:
-    """Run ``workload`` cold then warm on a fresh engine; in deterministic mode also each request alone.
+    """Run ``workload`` cold then warm on a fresh system; in deterministic mode also each request alone.
 
     ``on_step`` hears each pass as it starts (``system_prompt/warm``): the progress line shows it.
     """
     step = on_step or (lambda what: None)
-    # A store namespace of its own: a shared Redis must not carry one run's prefixes into another's cold pass.
-    config = replace(build_engine_config(levels, workload, faults, device), tenant=f"run-{uuid.uuid4().hex}")
     started = time.perf_counter()
-    with _store_for(config, workload) as config:
-        engine = make_engine(config)
+    session = ReferenceSession(levels, workload, faults, device)
+    try:
+        system = session.open()
         try:
-            passes = {name: _serve(engine, workload, name, step) for name in PASSES}
-            stats, tiers = engine.stats, engine.cache.lower_tiers
-            pd = engine.counters() if isinstance(engine, DisaggEngine) else None
+            passes = {name: _serve(system, workload, name, step) for name in PASSES}
+            traits, totals = system.traits, system.totals()
         finally:
-            engine.close()
-        if workload.isolation and "storage" in tiers:
-            passes.update(_isolation_passes(config, workload, step))
-    solo = None
-    if config.deterministic:
-        step(f"{workload.name}/alone")
-        # alone, on one plain engine: a reference that shares no PD mechanism with the cell
-        solo = Engine(replace(config, max_running=1, pd=None, tenant=f"solo-{config.tenant}")).generate(workload.requests)
-    return WorkloadRun(
-        workload, passes, solo, stats, config.dtype, config.cache is not NoCache,
-        config.model.is_hybrid, config.deterministic, config.page_size, config.num_draft_tokens,
-        config.model.mamba.chunk_size,
-        time.perf_counter() - started,
-        tiers,
-        pd,
-        config.pd_fail_rate > 0,
-        str(engine_levels(levels)["spec"]),
-        config.model.name,
-    )
+            system.close()
+        if workload.isolation and "storage" in traits.tiers:
+            passes.update(_isolation_passes(session, workload, step))
+        solo = None
+        if traits.deterministic:
+            step(f"{workload.name}/alone")
+            # alone, on one plain engine: a reference that shares no PD mechanism with the cell
+            alone = session.open(alone=True)
+            try:
+                solo = alone.serve([workload.requests]).outputs
+            finally:
+                alone.close()
+    finally:
+        session.close()
+    return WorkloadRun(workload=workload, traits=traits, passes=passes, solo=solo, totals=totals,
+                       seconds=time.perf_counter() - started)
 
 
-def _serve(engine: Engine | DisaggEngine, workload: Workload, name: str, step: Callable[[str], None]) -> PassRecord:
-    """One pass of ``workload``: its rounds one after the other, then the idle engine's audit."""
+def _serve(system: SystemUnderTest, workload: Workload, name: str, step: Callable[[str], None]) -> PassResult:
+    """One pass of ``workload``: its rounds one after the other."""
     step(f"{workload.name}/{name}")
-    seen, before = len(engine.nan_events), replace(engine.stats)
-    outputs = [out for group in workload.rounds() for out in engine.generate(group)]
-    return PassRecord(outputs, engine.nan_events[seen:], engine.audit(), _counted(before, engine.stats))
-
-
-@contextmanager
-def _store_for(config: EngineConfig, workload: Workload) -> Iterator[EngineConfig]:
-    """The cell's config; for an isolation workload on the file store, one directory every engine of the run shares."""
-    if not workload.isolation or config.store_location is not None or config.store is not FileStore:
-        yield config
-        return
-    with tempfile.TemporaryDirectory(prefix="kvmatrix-shared-store-") as location:
-        yield replace(config, store_location=location)
+    return system.serve(workload.rounds())
 
 
 #: extra passes of an isolation workload in a storage cell: (pass, tenant suffix) on the cell's store.
 ISOLATION_PASSES = (("tenant", "-other"), ("instance", ""))
 
 
-def _isolation_passes(config: EngineConfig, workload: Workload, step: Callable[[str], None]) -> dict[str, PassRecord]:
+def _isolation_passes(session: Session, workload: Workload, step: Callable[[str], None]) -> dict[str, PassResult]:
     """The prompts again on the same store: from a second tenant (must hit nothing), then from a second
-    engine of the cell's tenant, with an empty L1 and L2 (must hit everything the store holds)."""
+    instance of the cell's tenant, with an empty L1 and L2 (must hit everything the store holds)."""
     passes = {}
     for name, suffix in ISOLATION_PASSES:
-        engine = make_engine(replace(config, tenant=config.tenant + suffix))
+        system = session.open(tenant_suffix=suffix)
         try:
-            passes[name] = _serve(engine, workload, name, step)
+            passes[name] = _serve(system, workload, name, step)
         finally:
-            engine.close()
+            system.close()
     return passes
-
-
-#: the EngineStats counters the accept_length oracle recounts the accept accounting from.
-DECODE_COUNTERS = ("decode_forwards", "emitted_tokens", "verify_steps", "verify_emitted")
-
-
-def _counted(before: EngineStats, after: EngineStats) -> dict[str, int]:
-    """What the engine counted between two snapshots of its stats."""
-    return {name: getattr(after, name) - getattr(before, name) for name in DECODE_COUNTERS}
 
 
 class GoldenRuns:
@@ -206,27 +155,6 @@ class GoldenRuns:
         return {key: self._runs[key] for key in keys}
 
 
-@dataclass(slots=True)
-class CellResult:
-    """The record of one cell, as written to results.jsonl."""
-
-    cell_id: str
-    matrix: str
-    factors: dict[str, object]
-    status: str
-    oracles: dict[str, Verdict] = field(default_factory=dict)
-    metrics: dict[str, object] = field(default_factory=dict)
-    faults: list[str] = field(default_factory=list)
-    error: str | None = None
-
-    def to_json(self) -> dict:
-        return {
-            "cell_id": self.cell_id, "matrix": self.matrix, "factors": self.factors, "status": self.status,
-            "oracles": {name: v.to_json() for name, v in self.oracles.items()},
-            "metrics": self.metrics, "faults": self.faults, "error": self.error,
-        }
-
-
 def _expected(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]:
     """The workload's cached-token expectation for one pass of ``run``.
 
@@ -237,11 +165,12 @@ def _expected(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]:
     pass may have cached only part of its prompt: the warm pass must reach at least what the completed
     requests' prompts imply.
     """
-    if not run.cache_enabled or name == "tenant":
-        return {r.rid: CachedExpectation(0, 0, run.page_size) for r in run.workload.requests}
-    args = dict(page_size=run.page_size, state_interval=STATE_INTERVAL, hybrid=run.hybrid,
-                chunk_size=run.chunk_size, tiers=run.tiers)
-    if not run.aborts_allowed:
+    traits = run.traits
+    if not traits.cache_enabled or name == "tenant":
+        return {r.rid: CachedExpectation(0, 0, traits.page_size) for r in run.workload.requests}
+    args = dict(page_size=traits.page_size, state_interval=traits.state_interval, hybrid=traits.hybrid,
+                chunk_size=traits.chunk_size, tiers=traits.tiers)
+    if not traits.aborts_allowed:
         expected = run.workload.expected_cached(**args, warm=name != "cold")
         if name == "instance":
             return {rid: replace(e, host=None, storage=None) for rid, e in expected.items()}
@@ -254,16 +183,21 @@ def _expected(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]:
 
 
 def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | None) -> list[PassView]:
+    traits, requests = run.traits, run.workload.requests
     views = []
     for name, record in run.passes.items():
         reference, reference_name = (run.solo, "solo") if name == "cold" else (run.passes["cold"].outputs, "cold")
         views.append(PassView(
-            run.workload.name, name, record.outputs, golden.passes["cold"].outputs,
-            {r.rid: r.max_new_tokens for r in run.workload.requests}, _expected(run, name),
-            record.nan_events, record.audit, run.dtype, run.deterministic, run.hybrid, reference, reference_name,
-            spec_golden.passes["cold"].outputs if spec_golden else None, run.num_draft_tokens + 1,
-            run.aborts_allowed, run.spec, {r.rid: r.prompt for r in run.workload.requests},
-            accept_band(run.workload.name, run.model, run.spec, run.num_draft_tokens), record.counters or None,
+            workload=run.workload.name, name=name, outputs=record.outputs, golden=golden.passes["cold"].outputs,
+            requested={r.rid: r.max_new_tokens for r in requests}, expected_cached=_expected(run, name),
+            nan_events=record.nan_events, audit=record.audit, dtype=traits.dtype,
+            deterministic=traits.deterministic, hybrid=traits.hybrid, reference=reference,
+            reference_name=reference_name,
+            spec_reference=spec_golden.passes["cold"].outputs if spec_golden else None,
+            max_accept_length=traits.num_draft_tokens + 1, aborts_allowed=traits.aborts_allowed, spec=traits.spec,
+            prompts={r.rid: r.prompt for r in requests},
+            accept_band=accept_band(run.workload.name, traits.model, traits.spec, traits.num_draft_tokens),
+            counters=record.counters or None,
         ))
     return views
 
@@ -282,7 +216,7 @@ def _metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, 
             tier: sum(o.cached_by_tier()[tier] for r in runs for o in r.passes["warm"].outputs) for tier in TIERS
         },
         "cached_tokens_cold": sum(o.cached_tokens for r in runs for o in r.passes["cold"].outputs),
-        "preemptions": sum(r.stats.preemptions for r in runs),
+        "preemptions": sum(r.totals.stats["preemptions"] for r in runs),
         **_spec_metrics(runs),
         **_pd_metrics(runs),
         "golden_reused": len(own_runs) < len(runs),
@@ -291,7 +225,7 @@ def _metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, 
 
 def _pd_metrics(runs: list[WorkloadRun]) -> dict[str, object]:
     """PD cells: what crossed (summed over workloads), the move gate's refusals and each side's verify scratch."""
-    counters = [r.pd for r in runs if r.pd is not None]
+    counters = [r.totals.pd for r in runs if r.totals.pd is not None]
     if not counters:
         return {}
     summed = {key: sum(c[key] for c in counters) for key, value in counters[0].items() if isinstance(value, int)}
@@ -303,13 +237,13 @@ def _spec_metrics(runs: list[WorkloadRun]) -> dict[str, object]:
     """Accept length over both passes of every workload, decode tokens per target forward, draft-state hits."""
     outputs = [o for r in runs for p in r.passes.values() for o in p.outputs]
     stats = outputs_accept_stats(outputs)
-    forwards = sum(r.stats.decode_forwards for r in runs)
+    forwards = sum(r.totals.stats["decode_forwards"] for r in runs)
     return {
         "mean_accept_length": stats.to_json()["mean_accept_length"],
         "accept": stats.to_json(),
-        "decode_tokens_per_forward": round(sum(r.stats.emitted_tokens for r in runs) / forwards, 4) if forwards else None,
-        "draft_full_hits": sum(r.stats.draft_full_hits for r in runs),
-        "draft_partial_hits": sum(r.stats.draft_partial_hits for r in runs),
+        "decode_tokens_per_forward": round(sum(r.totals.stats["emitted_tokens"] for r in runs) / forwards, 4) if forwards else None,
+        "draft_full_hits": sum(r.totals.stats["draft_full_hits"] for r in runs),
+        "draft_partial_hits": sum(r.totals.stats["draft_partial_hits"] for r in runs),
     }
 
 
@@ -364,7 +298,7 @@ def run_plan(plan: CellPlan, goldens: GoldenRuns, on_step: Callable[[str], None]
     cell_is_golden = not faults and engine_levels(levels) == engine_levels(plan.golden_levels)
     cell_is_spec_golden = (not faults and plan.spec_levels is not None
                            and engine_levels(levels) == engine_levels(plan.spec_levels))
-    result = CellResult(plan.cell_id, plan.matrix, levels, "pass", faults=sorted(faults))
+    result = CellResult(cell_id=plan.cell_id, matrix=plan.matrix, factors=levels, status="pass", faults=sorted(faults))
     started = time.perf_counter()
     golden_seconds = 0.0
     try:

@@ -13,11 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.rows import STATUSES, LineProblem, as_float, read_rows
-
-RESULTS = "results.jsonl"
-RUNS = "runs.jsonl"
-PROBES = "locate.jsonl"
+from harness.results.files import PROBES, RESULTS, RUNS, SUMMARY
+from harness.results.rows import STATUSES, LineProblem, as_float, dumps, read_rows, write_atomic
 
 
 @dataclass(slots=True)
@@ -103,3 +100,9 @@ def _accept_by_spec(rows: Sequence[dict]) -> dict[str, dict[str, float]]:
             groups.setdefault(spec, {}).setdefault(model, []).append(mean)
     return {spec: {model: round(sum(v) / len(v), 4) for model, v in sorted(models.items())}
             for spec, models in sorted(groups.items())}
+
+
+def write_summary(directory: Path, summary: dict) -> None:
+    """summary.json into ``directory``, atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    write_atomic(directory / SUMMARY, dumps(summary, indent=2) + "\n")

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 from fixtures.workloads import load_workload
-from harness.runner import (
-    CellPlan, CellResult, GoldenRuns, configure_torch, deadline, error_result, run_plan,
-)
+from harness.results.rows import CellResult
+from harness.run.runner import CellPlan, GoldenRuns, configure_torch, deadline, error_result, run_plan
 
 #: seconds a worker may overrun its cell's timeout (the in-worker alarm fires first) before it is killed.
 KILL_GRACE_S = 30.0
@@ -151,7 +150,7 @@ class _Pool:
         self.jobs = jobs
         self.device = device
         self.ctx = multiprocessing.get_context("forkserver")
-        self.ctx.set_forkserver_preload(["harness.parallel"])
+        self.ctx.set_forkserver_preload(["harness.run.parallel"])
         self.slots: list[_Slot] = []
 
     def run(self, plans: Sequence[CellPlan], goldens: GoldenRuns, order: Sequence[int], on_step: OnStep,
@@ -242,7 +241,8 @@ class _Died:
 
 
 def _result(plan: CellPlan) -> CellResult:
-    return CellResult(plan.cell_id, plan.matrix, plan.levels, "pass", faults=sorted(plan.faults))
+    return CellResult(cell_id=plan.cell_id, matrix=plan.matrix, factors=plan.levels, status="pass",
+                      faults=sorted(plan.faults))
 
 
 def _cell_outcome(plan: CellPlan, outcome: object) -> CellResult:

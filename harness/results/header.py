@@ -1,4 +1,8 @@
-"""The run header: what a person needs to trust and repeat a run (matrix file hash, device, commit, versions)."""
+"""The run header: what a person needs to trust and repeat a run (matrix file hash, device, commit, versions).
+
+The options that define a run are declared here once (``RUN_OPTIONS``): ``harness run`` and
+``pytest -m matrix`` add them from this table, and every reproduce line is built back from it.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -9,12 +13,66 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from harness.matrix import MatrixSpec
+from typing import TYPE_CHECKING
+
+from harness.results.files import DEFAULT_REPORT_DIR
+
+if TYPE_CHECKING:  # the header is read where no matrix is loaded (the plugin at start-up, the reports)
+    from harness.matrix.model import MatrixSpec
+
+
+@dataclass(frozen=True, slots=True)
+class RunOption:
+    """A command-line option that defines a run, as ``harness run`` spells it (``pytest_flag`` where pytest differs)."""
+
+    flag: str
+    help: str
+    kwargs: Mapping[str, object] = field(default_factory=dict)  # argparse/pytest ``add_argument`` keywords
+    pytest_flag: str | None = None
+
+    @property
+    def dest(self) -> str:
+        """The name its value goes by in ``values`` (``--inject-fault`` → ``inject_fault``)."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def spelled(self, pytest: bool) -> str:
+        return self.pytest_flag if pytest and self.pytest_flag else self.flag
+
+
+#: in the order reproduce lines give them.
+RUN_OPTIONS: tuple[RunOption, ...] = (
+    RunOption("--matrix", "matrix name (matrices/NAME.toml) or path to a .toml file", {"metavar": "NAME"}),
+    RunOption("--strength", "generate a t-wise covering array of this strength", {"type": int, "metavar": "T"}),
+    RunOption("--shard", "run only shard I of N of the cells (1-based)", {"metavar": "I/N"}, pytest_flag="--matrix-shard"),
+    RunOption("--device", "torch device of every pool and model (cuda: compiled Triton)", {"default": "cpu"}),
+    RunOption("--report-dir", "where results.jsonl, summary.json, index.html go",
+              {"default": str(DEFAULT_REPORT_DIR), "metavar": "DIR"}),
+    RunOption("--inject-fault", "turn on a named fault (repeatable)", {"action": "append", "default": [], "metavar": "NAME"}),
+)
+OPTIONS_BY_DEST: Mapping[str, RunOption] = {option.dest: option for option in RUN_OPTIONS}
+
+
+def add_run_options(add: Callable[..., object], dests: Sequence[str], *, pytest: bool = False) -> None:
+    """Declare the options named by ``dests`` through ``add`` (argparse's ``add_argument``, pytest's ``addoption``)."""
+    for dest in dests:
+        option = OPTIONS_BY_DEST[dest]
+        add(option.spelled(pytest), dest=dest, help=option.help, **option.kwargs)
+
+
+def option_arguments(values: Mapping[str, object], *, pytest: bool = False) -> list[str]:
+    """The flags that give ``values`` (dest → value; None, False and [] left out) back, in ``RUN_OPTIONS`` order."""
+    args: list[str] = []
+    for option in RUN_OPTIONS:
+        value = values.get(option.dest)
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is not None and item is not False:
+                args += [option.spelled(pytest), str(item)]
+    return args
 
 
 @dataclass(slots=True)
@@ -105,10 +163,8 @@ def run_header(spec: MatrixSpec, matrix_arg: str, faults: Sequence[str], device:
 
 def reproduce_command(header: Mapping[str, object], cell_id: str, report_dir: str = "reports/repro") -> str:
     """The ``harness run`` line that reruns one cell of a run exactly: same matrix, strength, faults, device."""
-    args = ["python", "-m", "harness", "run", "--matrix", str(header.get("matrix_arg") or header.get("matrix"))]
-    if header.get("mode") == "t-wise" and header.get("strength"):
-        args += ["--strength", str(header["strength"])]
-    for fault in header.get("faults") or []:
-        args += ["--inject-fault", str(fault)]
-    args += ["--device", str(header.get("device") or "cpu")]
-    return shlex.join([*args, "--cell", cell_id, "--report-dir", report_dir])
+    values = {"matrix": header.get("matrix_arg") or header.get("matrix"), "device": header.get("device") or "cpu",
+              "strength": header.get("strength") if header.get("mode") == "t-wise" else None,
+              "inject_fault": header.get("faults") or []}
+    return shlex.join(["python", "-m", "harness", "run", *option_arguments(values), "--cell", cell_id,
+                       "--report-dir", report_dir])

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from harness.covering.space import FREE, Forbidden, Interaction, TupleSpace
+from harness.matrix.covering.space import FREE, Forbidden, Interaction, TupleSpace
 
 
 def ipog(domains: Sequence[int], interactions: Sequence[Interaction], required: np.ndarray,

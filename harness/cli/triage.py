@@ -11,12 +11,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.junit import write_junit
-from harness.provenance import file_sha256
-from harness.rows import write_lines
-from reports.compare import TOLERANCES, compare, text
+from harness.matrix.file import load_spec
+from harness.results.compare import TOLERANCES, compare, text
+from harness.results.files import INDEX, PROBES, RESULTS, RUNS
+from harness.results.header import file_sha256
+from harness.results.reader import RunData, load, planned, summarize, write_summary
+from harness.results.rows import write_lines
+from harness.run.probes import MAX_PROBED, locate, located_text
+from harness.run.runner import GoldenRuns, configure_torch, run_cell
 from reports.html import write_compare, write_report
-from reports.rundata import PROBES, RESULTS, RUNS, RunData, load, planned, summarize
+from reports.junit import write_junit
 
 
 class TriageInputError(ValueError):
@@ -53,12 +57,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         write_lines(out / RUNS, data.runs)
         write_lines(out / PROBES, data.probes)
     summary = summarize(data.rows, data.runs, planned(data.runs, len(data.rows)))
+    write_summary(out, summary)
     write_report(out, data.rows, summary, data.probes)
     if args.junit:
         write_junit(Path(args.junit), data.rows, data.runs)
     counts = ", ".join(f"{n} {s}" for s, n in summary["counts"].items() if n)
     print(f"{len(data.rows)} cells from {len(args.paths)} input(s), {len(data.runs)} run(s): {counts or 'none'}")
-    print(f"report: {out / 'index.html'}")
+    print(f"report: {out / INDEX}")
     return 2 if bad else 0
 
 
@@ -88,10 +93,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_locate(args: argparse.Namespace) -> int:
     """Run the extra cells that settle each failure class of a report directory; print what fails."""
-    from harness.cli import load_spec
-    from harness.locate import MAX_PROBED, locate, located_text
-    from harness.runner import GoldenRuns, configure_torch, run_cell
-
     data, bad = _load([args.dir])
     if not data.runs:
         raise TriageInputError(f"{args.dir}: no {RUNS} (a run header names the matrix, faults and device)")
@@ -113,10 +114,11 @@ def cmd_locate(args: argparse.Namespace) -> int:
     result = locate(spec, data.rows, run_one, data.probes, args.max_probed or MAX_PROBED)
     ran = result.probes[len(data.probes):]
     write_lines(Path(args.dir) / PROBES, result.probes)
-    write_report(Path(args.dir), data.rows, summarize(data.rows, data.runs, planned(data.runs, len(data.rows))),
-                 result.probes)
+    summary = summarize(data.rows, data.runs, planned(data.runs, len(data.rows)))
+    write_summary(Path(args.dir), summary)
+    write_report(Path(args.dir), data.rows, summary, result.probes)
     print(located_text(result, ran))
-    print(f"report: {Path(args.dir) / 'index.html'}")
+    print(f"report: {Path(args.dir) / INDEX}")
     if bad:
         return 2
     return 0 if all(c.pinned for c in result.classes) else 1

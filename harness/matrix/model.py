@@ -2,7 +2,7 @@
 
 A matrix names factors and their levels, forbidden combinations (each with a reason), the
 golden level of some factors, and the relative cost of some levels (t-wise mode puts dear
-levels in as few cells as coverage allows). ``harness.matrix_file`` reads and validates the
+levels in as few cells as coverage allows). ``harness.matrix.file`` reads and validates the
 TOML; this module generates the cells. Generation is deterministic: the same file gives the
 same cells, in the same order, with the same ids.
 """
@@ -17,14 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from harness import covering
-
-#: golden level of each factor unless the file's ``[golden]`` table says otherwise.
-DEFAULT_GOLDEN: Mapping[str, object] = MappingProxyType(
-    {"pool": "static", "backend": "torch", "cache": "off", "scheduler": "fcfs", "page_size": 1,
-     "prefill_budget": 128, "deterministic": "on", "poison": "off",
-     "spec": "none", "pd": "off", "pd_staging": "off", "decode_tp": 1, "pd_fail_rate": 0.0}
-)
+from harness.matrix import covering
 
 MODES = ("full", "t-wise", "ofat")
 _ABSENT = object()

@@ -9,9 +9,9 @@ from typing import Literal
 
 import numpy as np
 
-from harness.covering import exact, postopt
-from harness.covering.ipog import ipog
-from harness.covering.space import (
+from harness.matrix.covering import exact, postopt
+from harness.matrix.covering.ipog import ipog
+from harness.matrix.covering.space import (
     Forbidden, Interaction, Row, TupleSpace, enumerated_allowed_rows, interactions_at, required_mask, row_check,
 )
 

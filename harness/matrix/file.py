@@ -13,8 +13,10 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
-from harness.matrix import (
-    DEFAULT_GOLDEN, MODES, Constraint, MatrixSpec, WorkloadRule, check_strength, index_constraints, level_token,
+from fixtures.workloads import WORKLOADS
+from harness.matrix.levels import DEFAULT_GOLDEN
+from harness.matrix.model import (
+    MODES, Constraint, MatrixSpec, WorkloadRule, check_strength, index_constraints, level_token,
     matrix_error, shown_path,
 )
 from reference_impl.registry import COMPONENTS, UnknownLevelError, check_level, import_path, known_factors
@@ -41,6 +43,12 @@ def resolve_matrix_path(name_or_path: str, matrices_dir: Path | None = None) -> 
         raise matrix_error(path, "", f"no such matrix (available in {shown_path(path.parent)}: "
                            f"{', '.join(available) or 'none'})")
     return path
+
+
+def load_spec(name: str, strength: int | None = None) -> MatrixSpec:
+    """The matrix a command line names (``matrices/NAME.toml`` or a path), turned t-wise when ``strength`` is given."""
+    spec = load_matrix(name, known_workloads=WORKLOADS)
+    return spec.with_strength(strength) if strength is not None else spec
 
 
 def load_matrix(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 STATUSES = ("pass", "fail", "error", "skip")
@@ -145,8 +145,59 @@ def read_rows(path: Path, check: Callable[[object], str | None] = row_problem) -
     return result
 
 
-def write_lines(path: Path, rows: Iterable[dict]) -> None:
-    """Replace ``path`` with ``rows`` as strict JSON Lines, atomically (a reader never sees half a file)."""
+def error_line(error: str | None) -> str:
+    """The last non-blank line of a cell's error: a traceback's ``Type: message``; "" without an error."""
+    lines = [line for line in (error or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def error_type(error: str | None) -> str | None:
+    """The exception class a cell's traceback ends with (``IndexError`` of ``a.b.IndexError: …``), None without one."""
+    head = error_line(error).split(":", 1)[0].strip()
+    return head.rsplit(".", 1)[-1] or None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(dumps(r) + "\n" for r in rows), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def write_lines(path: Path, rows: Iterable[dict]) -> None:
+    """Replace ``path`` with ``rows`` as strict JSON Lines, atomically."""
+    write_atomic(path, "".join(dumps(r) + "\n" for r in rows))
+
+
+@dataclass(slots=True)
+class Verdict:
+    """One oracle's judgement of one cell: ``pass``, ``fail`` or ``skip``, with its evidence."""
+
+    oracle: str
+    status: str
+    message: str
+    detail: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"verdict": self.status, "message": self.message, "detail": self.detail}
+
+
+@dataclass(slots=True, kw_only=True)
+class CellResult:
+    """The record of one cell, as written to results.jsonl."""
+
+    cell_id: str
+    matrix: str
+    factors: dict[str, object]
+    status: str
+    oracles: dict[str, Verdict] = field(default_factory=dict)
+    metrics: dict[str, object] = field(default_factory=dict)
+    faults: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "cell_id": self.cell_id, "matrix": self.matrix, "factors": self.factors, "status": self.status,
+            "oracles": {name: v.to_json() for name, v in self.oracles.items()},
+            "metrics": self.metrics, "faults": self.faults, "error": self.error,
+        }

@@ -1,4 +1,4 @@
-"""The command line: list a matrix, run it, check faults on it, list them; report, compare, locate (harness.commands).
+"""The command line: list a matrix, run it, check faults on it, list them; report, compare, locate (harness.cli.triage).
 
 Exit 0 pass, 1 fail, 2 bad input."""
 from __future__ import annotations
@@ -12,54 +12,29 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from fixtures.workloads import WORKLOADS
-from harness.commands import TriageInputError, add_triage_commands
-from harness.covering import Covering
-from harness.killmatrix import check_fault, check_fault_set
-from harness.matrix import Cell, MatrixError, MatrixSpec, coverage, generate, generate_certified, lower_bound
-from harness.matrix_file import load_matrix
-from harness.junit import write_junit
-from harness.parallel import default_jobs, execute
-from harness.progress import RunProgress
-from harness.provenance import run_header
-from harness.results import ResultsStore, RunInfo
-from harness.runner import CellResult, GoldenRuns, configure_torch, plan_cell
-from harness.selection import UnknownCellError, select_cells
+from harness.cli.progress import RunProgress
+from harness.cli.triage import TriageInputError, add_triage_commands
+from harness.matrix.covering import Covering
+from harness.matrix.file import load_spec
+from harness.matrix.model import Cell, MatrixError, MatrixSpec, coverage, generate, generate_certified, lower_bound
+from harness.matrix.selection import SelectionError, parse_shard, select_cells, select_shard
+from harness.results.header import add_run_options, run_header
+from harness.results.reader import load
+from harness.results.rows import CellResult
+from harness.results.store import ResultsStore, RunInfo
+from harness.run.faultcheck import check_fault, check_fault_set
+from harness.run.parallel import default_jobs, execute
+from harness.run.runner import GoldenRuns, configure_torch, plan_cell
 from reference_impl.faults import FAULTS, UnknownFaultError, check_faults
-from reports.rundata import load
+from reports.html import write_report
+from reports.junit import write_junit
 
-DEFAULT_REPORT_DIR = Path("reports/out")
 #: the default of ``-j`` when set (the test suite sets 1: pytest -n already fills the cores).
 JOBS_ENV = "KVMATRIX_JOBS"
 
 
 class UsageError(ValueError):
     """Bad command-line input (other than the matrix file itself)."""
-
-
-def parse_shard(text: str, option: str = "--shard") -> tuple[int, int]:
-    """``"I/N"`` (1 ≤ I ≤ N) → (I, N); errors name ``option``, the flag the user typed."""
-    try:
-        index, total = (int(part) for part in text.split("/"))
-    except ValueError:
-        raise UsageError(f"{option} {text!r}: expected I/N, e.g. 1/4") from None
-    if not 1 <= index <= total:
-        raise UsageError(f"{option} {text!r}: need 1 <= I <= N")
-    return index, total
-
-
-def select_shard(cells: Sequence[Cell], shard: tuple[int, int] | None) -> list[Cell]:
-    """Every N-th cell starting at the I-th: shards are disjoint, cover the matrix and stay stable."""
-    if shard is None:
-        return list(cells)
-    index, total = shard
-    return [cell for i, cell in enumerate(cells) if i % total == index - 1]
-
-
-def load_spec(name: str, strength: int | None) -> MatrixSpec:
-    """The matrix named on the command line, turned t-wise when ``--strength`` is given."""
-    spec = load_matrix(name, known_workloads=WORKLOADS)
-    return spec.with_strength(strength) if strength is not None else spec
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -113,7 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cells = select_shard(cells, parse_shard(args.shard) if args.shard else None)
     header = run_header(spec, args.matrix, faults, args.device, args.shard, len(cells))
     info = RunInfo(spec.name, spec.mode, spec.strength, sorted(faults), len(cells), header=header, device=args.device)
-    store = ResultsStore(Path(args.report_dir), info)
+    store = ResultsStore(Path(args.report_dir), info, render=write_report)
     done = store.start(args.resume, {c.cell_id for c in cells})
     configure_torch()
     goldens = GoldenRuns(args.device)
@@ -201,38 +176,33 @@ def cmd_faults(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, helptext in (("list", "print the cells of a matrix and check coverage"), ("run", "run a matrix and write the report")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--matrix", required=True, help="matrix name (matrices/NAME.toml) or path to a .toml file")
-        p.add_argument("--strength", type=int, help="generate a t-wise covering array of this strength")
-    run = sub.choices["run"]
-    run.add_argument("--inject-fault", action="append", default=[], metavar="NAME", help="turn on a named fault (repeatable)")
-    run.add_argument("--report-dir", default=str(DEFAULT_REPORT_DIR), help="where results.jsonl, summary.json, index.html go")
+    listing = sub.add_parser("list", help="print the cells of a matrix and check coverage")
+    add_run_options(listing.add_argument, ("matrix", "strength"))
+    listing.set_defaults(handler=cmd_list)
+    run = sub.add_parser("run", help="run a matrix and write the report")
+    add_run_options(run.add_argument, ("matrix", "strength", "inject_fault", "report_dir", "shard", "device"))
     run.add_argument("--resume", action="store_true", help="keep finished cells of the same run in --report-dir")
-    run.add_argument("--shard", metavar="I/N", help="run only shard I of N (1-based)")
-    run.add_argument("--device", default="cpu", help="torch device of every pool and model (cuda: compiled Triton)")
     run.add_argument("--cell", action="append", default=[], metavar="ID",
                      help="run only this cell (repeatable); any allowed combination of the matrix's levels")
     run.add_argument("--junit", metavar="FILE", help="also write the cells of this run as JUnit XML (one test case per cell)")
     run.add_argument("-j", "--jobs", type=int, metavar="N",
                      help=f"cells side by side in N worker processes (default: ${JOBS_ENV}, else the cores this process may use)")
+    run.set_defaults(handler=cmd_run)
     kill = sub.add_parser("kill", help="inject each fault and check it fails exactly its trigger cells")
-    kill.add_argument("--matrix", required=True, help="matrix name (matrices/NAME.toml) or path to a .toml file")
-    kill.add_argument("--strength", type=int, help="generate a t-wise covering array of this strength")
+    add_run_options(kill.add_argument, ("matrix", "strength", "device"))
     kill.add_argument("--fault", action="append", metavar="NAME", help="check only this fault (repeatable)")
-    kill.add_argument("--device", default="cpu", help="torch device of every pool and model")
     kill.add_argument("-j", "--jobs", type=int, metavar="N",
                       help=f"(fault, cell) runs side by side in N worker processes (default: ${JOBS_ENV}, else the cores)")
-    sub.add_parser("faults", help="list the injectable faults")
+    kill.set_defaults(handler=cmd_kill)
+    sub.add_parser("faults", help="list the injectable faults").set_defaults(handler=cmd_faults)
     add_triage_commands(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"list": cmd_list, "run": cmd_run, "kill": cmd_kill, "faults": cmd_faults}
     try:
-        return commands[args.command](args) if args.command in commands else args.handler(args)
-    except (MatrixError, UnknownFaultError, UsageError, UnknownCellError, TriageInputError) as exc:
+        return args.handler(args)
+    except (MatrixError, UnknownFaultError, UsageError, SelectionError, TriageInputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from harness.rows import as_float
+import numpy as np
+import pandas as pd
+
+from harness.results.frame import METRIC, failed_oracles, frame
 
 #: relative change past which a metric drifted, and the floor under the base value (tiny bases
 #: would turn noise into huge ratios: 0.01 s → 0.03 s is not a 200% slowdown worth a line).
@@ -44,47 +47,43 @@ class Comparison:
     compared: int = 0
 
 
-def failing(row: Mapping) -> bool:
-    return row["status"] in ("fail", "error")
-
-
-def what_failed(row: Mapping) -> str:
-    names = [n for n, v in row["oracles"].items() if v["verdict"] == "fail"]
-    return ", ".join(names) or ("error" if row["status"] == "error" else "")
-
-
 def compare(base: Sequence[Mapping], new: Sequence[Mapping],
             tolerances: Mapping[str, tuple[float, float]] = TOLERANCES) -> Comparison:
-    """How ``new`` differs from ``base``, cell by cell, in a stable order."""
-    old = {r["cell_id"]: r for r in base}
-    out = Comparison()
-    for row in sorted(new, key=lambda r: r["cell_id"]):
-        cell, before = row["cell_id"], old.get(row["cell_id"])
-        if before is None:
-            out.added.append(cell)
-        if failing(row) and (before is None or not failing(before)):
-            out.new_failures.append(cell)
-        elif before is not None and failing(before):
-            (out.still_failing.append((cell, what_failed(before), what_failed(row))) if failing(row)
-             else out.fixed.append(cell))
-        if before is not None:
-            out.compared += 1
-            out.drift += _drift(cell, before, row, tolerances)
-    out.removed = sorted(set(old) - {r["cell_id"] for r in new})
+    """How ``new`` differs from ``base``, cell by cell, in cell-id order."""
+    old, now = frame(base).sort_index(), frame(new).sort_index()
+    was = old["failing"].reindex(now.index)  # NaN: the cell is new
+    present = was.notna()
+    failing_before = was.eq(True)
+    out = Comparison(
+        added=list(now.index[~present]),
+        new_failures=list(now.index[now["failing"] & ~failing_before]),
+        fixed=list(now.index[failing_before & ~now["failing"]]),
+        removed=sorted(old.index.difference(now.index)),
+        compared=int(present.sum()),
+    )
+    still = now.index[failing_before & now["failing"]]
+    before, after = failed_oracles(old), failed_oracles(now)
+    out.still_failing = [(cell, before[cell], after[cell]) for cell in still]
+    out.drift = _drift(old, now.loc[present], tolerances)
     return out
 
 
-def _drift(cell: str, before: Mapping, after: Mapping, tolerances: Mapping[str, tuple[float, float]]) -> list[Drift]:
+def _drift(old: pd.DataFrame, now: pd.DataFrame, tolerances: Mapping[str, tuple[float, float]]) -> list[Drift]:
+    """Metrics of cells in both runs that moved more than their tolerance, by cell then in ``tolerances`` order."""
     found = []
-    for metric, (tolerance, floor) in tolerances.items():
-        a = as_float((before.get("metrics") or {}).get(metric))
-        b = as_float((after.get("metrics") or {}).get(metric))
-        if a is None or b is None:
+    for order, (metric, (tolerance, floor)) in enumerate(tolerances.items()):
+        column = METRIC + metric
+        if column not in old or column not in now:
             continue
-        change = (b - a) / max(abs(a), floor)
-        if not abs(change) <= tolerance:  # NaN on either side counts as drift
-            found.append(Drift(cell, metric, a, b, change))
-    return found
+        a, b = old[column].reindex(now.index), now[column]
+        measured = (a.notna() & b.notna()).to_numpy()  # <NA>: not measured; NaN: measured, and drifts
+        av, bv = (s.to_numpy(dtype=float, na_value=np.nan) for s in (a, b))
+        with np.errstate(invalid="ignore"):
+            change = (bv - av) / np.maximum(np.abs(av), floor)
+        drifted = measured & ~(np.abs(change) <= tolerance)
+        found += [(now.index[i], order, Drift(now.index[i], metric, av[i], bv[i], float(change[i])))
+                  for i in np.flatnonzero(drifted)]
+    return [drift for _, _, drift in sorted(found, key=lambda item: item[:2])]
 
 
 def text(c: Comparison, base_name: str, new_name: str) -> str:

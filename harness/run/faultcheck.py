@@ -11,10 +11,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.engine_setup import engine_levels
-from harness.matrix import Cell, MatrixSpec, generate
-from harness.parallel import execute
-from harness.runner import CellResult, GoldenRuns, plan_cell
+from harness.matrix.levels import engine_levels
+from harness.matrix.model import Cell, MatrixSpec, generate
+from harness.run.parallel import execute
+from harness.results.rows import CellResult, error_type
+from harness.run.runner import GoldenRuns, plan_cell
 from reference_impl.faults import FAULTS, Fault
 
 
@@ -53,19 +54,10 @@ class FaultCheck:
         return bool(self.triggered & self.seen_by_oracle)
 
 
-def raised(error: str | None) -> str | None:
-    """The class name of the exception a cell's traceback ends with (``IndexError``), None without one."""
-    if not error:
-        return None
-    last = error.strip().splitlines()[-1]
-    head = last.split(":", 1)[0].strip()
-    return head.rsplit(".", 1)[-1] if head and " " not in head else None
-
-
 def _seen(result: CellResult, fault: Fault) -> bool:
     """Whether the cell shows the damage the way ``fault`` says: its oracle failed, or it raised its exception."""
     if fault.oracle == "error":
-        return result.status == "error" and raised(result.error) == fault.exception
+        return result.status == "error" and error_type(result.error) == fault.exception
     verdict = result.oracles.get(fault.oracle)
     return verdict is not None and verdict.status == "fail"
 

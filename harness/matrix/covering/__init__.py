@@ -35,22 +35,22 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from harness.covering.exact import ILP_MAX_GAP, ILP_NODE_LIMIT, ILP_TIME_LIMIT_S
-from harness.covering.solve import (
+from harness.matrix.covering.exact import ILP_MAX_GAP, ILP_NODE_LIMIT, ILP_TIME_LIMIT_S
+from harness.matrix.covering.solve import (
     EXACT_MAX_INCIDENCES, METHODS, CoverageError, Covering, Method, check_args, covering_array, interactions, solve,
 )
-from harness.covering.space import (
+from harness.matrix.covering.space import (
     MAX_ENUMERATED_ROWS, Forbidden, Row, TTuple, TupleSpace, interactions_at, required_mask,
 )
 
 __all__ = [
     "EXACT_MAX_INCIDENCES", "ILP_MAX_GAP", "ILP_NODE_LIMIT", "ILP_TIME_LIMIT_S", "MAX_ENUMERATED_ROWS", "METHODS",
     "CoverageError", "Covering", "Forbidden", "Method", "Row", "TTuple", "TupleSpace", "allowed_tuples",
-    "covering_array", "interactions", "interactions_at", "lower_bound", "missing_tuples", "required_mask", "solve",
+    "covering_array", "interactions", "interactions_at", "product_bound", "missing_tuples", "required_mask", "solve",
 ]
 
 
-def lower_bound(domains: Sequence[int], t: int) -> int:
+def product_bound(domains: Sequence[int], t: int) -> int:
     """Product of the t largest domains: no t-wise array of the *unconstrained* space is smaller."""
     check_args(domains, t)
     return math.prod(sorted(domains, reverse=True)[:t])

@@ -14,6 +14,7 @@ import torch
 
 from fixtures.spec_expect import drafted_trace, ngram_trace
 from fixtures.workloads import tier_text
+from harness.results.rows import Verdict
 from reference_impl.request import TIERS, RequestOutput
 from reference_impl.spec.verify import outputs_accept_stats
 
@@ -33,20 +34,7 @@ TOKEN_WINDOW = (16, 32)
 ACCEPT_TOLERANCE = 0.10
 
 
-@dataclass(slots=True)
-class Verdict:
-    """One oracle's judgement of one cell: ``pass``, ``fail`` or ``skip``, with its evidence."""
-
-    oracle: str
-    status: str
-    message: str
-    detail: list[dict] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {"verdict": self.status, "message": self.message, "detail": self.detail}
-
-
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class PassView:
     """What an oracle sees of one pass of one workload in the cell and in the golden run."""
 

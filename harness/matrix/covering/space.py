@@ -114,7 +114,7 @@ def enumerated_allowed_rows(domains: Sequence[int], allowed: Callable[[Row], boo
     if size > MAX_ENUMERATED_ROWS:
         raise ValueError(f"{size} rows in the product of domains {list(domains)} exceed the enumeration "
                          f"budget of {MAX_ENUMERATED_ROWS}; give the constraints as forbidden clauses "
-                         f"(harness.covering.Forbidden) or split the matrix")
+                         f"(harness.matrix.covering.Forbidden) or split the matrix")
     return [row for row in itertools.product(*(range(d) for d in domains)) if allowed(row)]
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
-from harness.provenance import reproduce_command
-from harness.rows import as_float
+from harness.results.header import reproduce_command
+from harness.results.rows import as_float, error_line
 
 #: characters XML 1.0 cannot carry, even escaped (a traceback may hold any of them).
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -32,8 +32,7 @@ def _case(row: Mapping, header: Mapping) -> TestCase:
         result.text = _xml_text("\n".join([*(f"{n}: {m}" for n, m in failing), "", f"reproduce: {reproduce}"]))
         case.result = [result]
     elif row["status"] == "error":
-        lines = [line for line in (row.get("error") or "").splitlines() if line.strip()]
-        result = Error(_xml_text(lines[-1] if lines else "error"), "error")
+        result = Error(_xml_text(error_line(row.get("error")) or "error"), "error")
         result.text = _xml_text(f"{row.get('error') or ''}\n\nreproduce: {reproduce}")
         case.result = [result]
     elif row["status"] == "skip":

@@ -1,0 +1,1 @@
+"""Systems under test: the protocol the runner drives (``base``) and the engines behind it (``reference``)."""

@@ -1,0 +1,88 @@
+"""The system under test: the one narrow protocol the runner drives, whatever engine answers it.
+
+The runner opens a system from a cell's levels, serves it one pass of requests at a time
+(token-id prompts, greedy, top-2 logprobs), reads per request the tokens, logprobs and top-2
+margin, per-tier cached tokens and finish reason (``reference_impl.request.RequestOutput``), and
+per pass the engine's decode counters; it asks for the idle engine's audit after each pass and
+closes it at the end. Everything that crosses the protocol is a plain value (dataclasses of lists,
+ints, floats and strings), so an engine in another process and another interpreter answers it
+over a pipe as well as the reference engine does in the cell's own process.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from fixtures.workloads import Workload
+from reference_impl.request import RequestOutput, RequestSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Traits:
+    """What the oracles must know of an opened system to judge it: the levels as the engine applied them."""
+
+    dtype: torch.dtype
+    cache_enabled: bool
+    hybrid: bool
+    deterministic: bool
+    page_size: int
+    num_draft_tokens: int
+    chunk_size: int            # the Mamba2 SSD chunk, which with the page size sets the snapshot grid
+    state_interval: int        # tokens between the hybrid model's cached state snapshots
+    spec: str                  # the proposer level ("none" without speculative decoding)
+    model: str                 # the model level (names the accept band)
+    tiers: tuple[str, ...] = ()  # the cache's tiers below L1 ("host", "storage")
+    aborts_allowed: bool = False  # PD cells that inject transport failures may end requests "aborted"
+
+
+@dataclass(slots=True, kw_only=True)
+class PassResult:
+    """One pass as the system served it: the outputs, NaN events it saw, its idle audit, its decode counters."""
+
+    outputs: list[RequestOutput]
+    nan_events: list = field(default_factory=list)
+    audit: list[str] = field(default_factory=list)     # idle-engine integrity problems; empty when sound
+    counters: dict[str, int] = field(default_factory=dict)  # decode counters over this pass alone
+
+
+@dataclass(slots=True, kw_only=True)
+class Totals:
+    """What a system counted over its whole life: engine counters, and what crossed between PD engines."""
+
+    stats: dict[str, int]
+    pd: dict | None = None
+
+
+class SystemUnderTest(Protocol):
+    """One engine built from a cell's levels. ``serve`` runs a pass's rounds one after the other (a round's
+    requests are submitted together); it may be called several times (cold, warm), and the engine keeps its
+    cache between calls. Closing releases every process, file and connection it holds."""
+
+    traits: Traits
+
+    def serve(self, rounds: Sequence[Sequence[RequestSpec]]) -> PassResult: ...
+
+    def totals(self) -> Totals: ...
+
+    def close(self) -> None: ...
+
+
+class Session(Protocol):
+    """The systems of one cell and one workload, opened from one configuration and closed together.
+
+    Systems of one session share its store: ``tenant_suffix`` opens a second tenant on it (that must hit
+    nothing) and an empty suffix a second instance of the cell's tenant (that must hit what the store
+    holds); ``alone`` opens a plain engine (no PD) that runs one request at a time, in a namespace of its
+    own: the reference that batch invariance compares with.
+    """
+
+    def open(self, *, tenant_suffix: str = "", alone: bool = False) -> SystemUnderTest: ...
+
+    def close(self) -> None: ...
+
+
+#: an engine kind: a cell's levels, a workload, the faults to inject and the device → a session.
+OpenSession = Callable[[Mapping[str, object], Workload, frozenset[str], str], Session]
