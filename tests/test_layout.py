@@ -141,3 +141,17 @@ def test_registry_levels_resolve(factor: str) -> None:
     for level in registry.COMPONENTS[factor]:
         resolved = registry.resolve(factor, level)
         assert (resolved is None) == ((factor, level) == ("pd", "off")), (factor, level, resolved)
+
+
+def test_fault_names_are_spelled_once() -> None:
+    """A fault's name is written in reference_impl/faults.py only; every other module imports the ``Fault``."""
+    from reference_impl.faults import FAULTS
+
+    bad = [
+        f"{path.relative_to(ROOT)}:{node.lineno} spells {node.value!r}"
+        for path in source_files()
+        if path.name != "faults.py" or path.parent.name != PACKAGE
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Constant) and node.value in FAULTS
+    ]
+    assert not bad, bad

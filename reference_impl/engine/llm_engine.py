@@ -11,18 +11,13 @@ from reference_impl.cache.radix import MatchResult
 from reference_impl.config import EngineConfig
 from reference_impl.engine.model_runner import ModelRunner
 from reference_impl.engine.scheduler import Admission
+from reference_impl.faults import DRAFT_PAGES_KEPT_ON_PREEMPT, SPEC_FINISH_PAGE_LEAK
 from reference_impl.memory.host import PageMover
 from reference_impl.model.batch_invariant import TILE
 from reference_impl.model.forward_batch import VerifyScratch
 from reference_impl.model.tiny_lm import load_model
 from reference_impl.request import Chunk, Phase, Request, RequestOutput, RequestSpec
 from reference_impl.spec.ngram import NoProposer
-
-
-#: fault: preemption frees a request's pages in the target pool but leaves them live in the draft's own pool.
-DRAFT_PAGES_KEPT_ON_PREEMPT = "draft_pages_kept_on_preempt"
-#: fault: a speculative request that finishes keeps its last page: it leaves every table but is never freed.
-SPEC_FINISH_PAGE_LEAK = "spec_finish_page_leak"
 
 
 class EngineStallError(RuntimeError):
@@ -397,7 +392,7 @@ class Engine:
         adopted = set(req.pages[:n_pages]) - set(result.unused_pages)
         self.proposer.cached(sorted(adopted))
         req.pages = [p for p in req.pages if p not in adopted]
-        if SPEC_FINISH_PAGE_LEAK in self.config.faults and self.proposer.speculative:
+        if SPEC_FINISH_PAGE_LEAK.name in self.config.faults and self.proposer.speculative:
             req.pages = req.pages[:-1]  # the last page (its decoded tokens, never cached) is forgotten, not freed
         req.checkpoint_slots = {pos: s for pos, s in req.checkpoint_slots.items() if s in result.unused_slots}
         self._release(req)
@@ -426,7 +421,7 @@ class Engine:
     def _preempt(self, req: Request) -> None:
         """Recompute-style preemption: drop the request's memory and queue it again."""
         draft = getattr(self.pools, "draft", None)
-        if draft is not None and DRAFT_PAGES_KEPT_ON_PREEMPT in self.config.faults:
+        if draft is not None and DRAFT_PAGES_KEPT_ON_PREEMPT.name in self.config.faults:
             cached = set(req.cache_pages)
             own = [p for p in req.pages if p not in cached]
             self.pools.target.free_pages(own)  # the draft pool's copies of these pages stay live

@@ -16,16 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-#: fault (SGLang #30393): load-back restores the target K/V only; the draft's K/V of the page is missing.
-HICACHE_DRAFT_NOT_RESTORED = "hicache_draft_not_restored"
-#: fault (vLLM #50507 before the fix): hybrid offload keeps Mamba snapshots at whole blocks only.
-MAMBA_WHOLE_BLOCK_OFFLOAD = "mamba_whole_block_offload"
-#: the block (tokens) the faulty offload rounds Mamba snapshots to.
+from reference_impl.faults import HICACHE_DRAFT_NOT_RESTORED, MAMBA_WHOLE_BLOCK_OFFLOAD
+
+#: the block (tokens) the faulty offload (``mamba_whole_block_offload``) rounds Mamba snapshots to.
 MAMBA_OFFLOAD_BLOCK = 32
-
-
-#: fault: a page's L2/L3 key hashes its own tokens only, not its parent's key (the same page under any prefix).
-PAGE_KEY_FORGETS_PREFIX = "page_key_forgets_prefix"
 
 
 def page_hashes(tokens: Sequence[int], page_size: int, pages: int, chained: bool = True) -> list[str]:
@@ -79,7 +73,7 @@ class PageMover:
             phys = self._phys_page(pool, page)
             for view in pool.kv_views(layer):
                 saved = next(items)
-                if index >= self.target_layers and HICACHE_DRAFT_NOT_RESTORED in self.faults:
+                if index >= self.target_layers and HICACHE_DRAFT_NOT_RESTORED.name in self.faults:
                     view[phys] = 0
                 else:
                     view[phys] = saved.to(view.device)
@@ -99,7 +93,7 @@ class PageMover:
 
     def keeps_snapshot(self, position: int) -> bool:
         """Whether offload keeps a snapshot at ``position`` (the fault keeps whole blocks only)."""
-        return MAMBA_WHOLE_BLOCK_OFFLOAD not in self.faults or position % MAMBA_OFFLOAD_BLOCK == 0
+        return MAMBA_WHOLE_BLOCK_OFFLOAD.name not in self.faults or position % MAMBA_OFFLOAD_BLOCK == 0
 
 
 class HostPool:

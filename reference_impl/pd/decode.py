@@ -20,6 +20,7 @@ import torch
 
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine
+from reference_impl.faults import PD_COMPACTION_IN_FLIGHT, PD_VIRTUAL_IDS_ON_WIRE
 from reference_impl.memory.layout import Block, RegionTable, ViewGeometry
 from reference_impl.memory.static import IdAllocator
 from reference_impl.pd.staging import StagingRing, grid_cells
@@ -27,9 +28,6 @@ from reference_impl.pd.transfer import Bootstrap, ChunkHeader, TransferStateErro
 from reference_impl.pd.wire import WireLayout, aux_width, decode_aux, kv_parts, page_kv_blocks, piece_bytes
 from reference_impl.request import Phase, Request, RequestOutput, RequestSpec
 
-#: faults (see reference_impl.faults)
-PD_VIRTUAL_IDS_ON_WIRE = "pd_virtual_ids_on_wire"
-PD_COMPACTION_IN_FLIGHT = "pd_compaction_in_flight"
 #: metadata slots: how many requests may be preallocated at once
 AUX_SLOTS = 64
 
@@ -47,13 +45,13 @@ def gate_moves(pools: object, in_flight: object, faults: frozenset[str]) -> None
         if pool.compaction != "lazy":
             raise ValueError(f"PD needs the unified pool's lazy compaction, not {pool.compaction!r}: "
                              "an eager pool moves pages on every free, under a transfer in flight")
-        if PD_COMPACTION_IN_FLIGHT not in faults:  # the fault: no gate (SGLang #33362 before the fix)
+        if PD_COMPACTION_IN_FLIGHT.name not in faults:  # the fault: no gate (SGLang #33362 before the fix)
             pool.move_gate = in_flight
 
 
 def physical_pages(pools: object, pages: list[int], faults: frozenset[str]) -> list[int]:
     """The one translation of a handoff; the fault ``pd_virtual_ids_on_wire`` skips it."""
-    if PD_VIRTUAL_IDS_ON_WIRE in faults or not pages:
+    if PD_VIRTUAL_IDS_ON_WIRE.name in faults or not pages:
         return list(pages)
     page_size = pools.page_size
     slots = torch.tensor([p * page_size for p in pages], dtype=torch.long)
@@ -62,7 +60,7 @@ def physical_pages(pools: object, pages: list[int], faults: frozenset[str]) -> l
 
 def physical_state(pools: object, slot: int, faults: frozenset[str]) -> int:
     """A state slot's physical id, translated at the handoff like the pages (the same fault skips it)."""
-    return slot if PD_VIRTUAL_IDS_ON_WIRE in faults else pools.to_physical_state([slot])[0]
+    return slot if PD_VIRTUAL_IDS_ON_WIRE.name in faults else pools.to_physical_state([slot])[0]
 
 
 def copy_blocks(regions: RegionTable, blocks: list[Block], source: torch.Tensor) -> None:

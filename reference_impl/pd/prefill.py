@@ -16,6 +16,7 @@ import torch
 
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine
+from reference_impl.faults import PD_DRAFT_STATE_NOT_SENT, PD_MAMBA_STATE_EARLY, PD_STAGING_GRID_SHIFT
 from reference_impl.memory.layout import Block, RegionTable, ViewGeometry, state_blocks
 from reference_impl.pd.decode import gate_moves, physical_pages, physical_state
 from reference_impl.pd.staging import grid_cells
@@ -32,11 +33,6 @@ from reference_impl.pd.wire import (
     tagged_kv_blocks,
 )
 from reference_impl.request import Request, RequestOutput
-
-#: faults (see reference_impl.faults)
-PD_STAGING_GRID_SHIFT = "pd_staging_grid_shift"
-PD_MAMBA_STATE_EARLY = "pd_mamba_state_early"
-PD_DRAFT_STATE_NOT_SENT = "pd_draft_state_not_sent"
 
 Pair = tuple[Block, Block]
 
@@ -120,7 +116,7 @@ class KVSender:
         boot = t.bootstrap
         start = first - boot.decode_prefix_pages
         return self.page_pairs(own, list(boot.dst_pages[start : start + len(own)]),
-                               with_draft=PD_DRAFT_STATE_NOT_SENT not in self.faults)
+                               with_draft=PD_DRAFT_STATE_NOT_SENT.name not in self.faults)
 
     def page_pairs(self, src_pages: list[int], dst_pages: list[int], with_draft: bool = True) -> list[Pair]:
         """Block pairs moving physical ``src_pages`` into the decode side's physical ``dst_pages``, shard by
@@ -140,7 +136,7 @@ class KVSender:
         boot = t.bootstrap
         region = boot.staging
         # the even grid: SGLang #30545 located the slot by the absolute chunk index start_page // chunk_pages
-        offset = cell if PD_STAGING_GRID_SHIFT in self.faults else cell - region.first_cell
+        offset = cell if PD_STAGING_GRID_SHIFT.name in self.faults else cell - region.first_cell
         slot = (region.base + offset) % self.decode.staging_slots
         within = first - cell * self.decode.chunk_pages
         pairs = []
@@ -156,7 +152,7 @@ class KVSender:
 
     def _gather(self, page: int, shard: int, out: torch.Tensor) -> None:
         """One page's canonical piece for ``shard``; under ``pd_draft_state_not_sent`` the draft's bytes stay zero."""
-        skip_draft = PD_DRAFT_STATE_NOT_SENT in self.faults
+        skip_draft = PD_DRAFT_STATE_NOT_SENT.name in self.faults
         pos = 0
         for (region, offset, length), is_draft in tagged_kv_blocks(self.layout, page, shard):
             if skip_draft and is_draft:
@@ -169,7 +165,7 @@ class KVSender:
         """The non-KV state: the Mamba state (with the last chunk) and the metadata record (last chunk)."""
         pairs: list[Pair] = []
         boot = t.bootstrap
-        state_now = first if PD_MAMBA_STATE_EARLY in self.faults else final
+        state_now = first if PD_MAMBA_STATE_EARLY.name in self.faults else final
         if req.state_slot is not None and state_now:
             src = physical_state(self.engine.pools, req.state_slot, self.faults)
             pairs += pair_blocks(state_blocks(self.layout.state, src), state_blocks(self.decode.state, boot.dst_state_slot),

@@ -15,6 +15,7 @@ import torch
 
 from reference_impl.attention.torch_backend import causal_attention, gather_pages
 from reference_impl.config import EngineConfig, ModelConfig
+from reference_impl.faults import DRAFT_STATE_NOT_CACHED
 from reference_impl.memory.static import PoolIntegrityError
 from reference_impl.model import batch_invariant
 from reference_impl.model.tiny_lm import load_model
@@ -31,8 +32,6 @@ class SlotTranslator(Protocol):
         """Physical slots of positions start..end-1 of ``req`` in ``pools``."""
 
 
-#: fault: the radix cache keeps the target's K/V of a finished prompt but drops the draft state.
-DRAFT_STATE_NOT_CACHED = "draft_state_not_cached"
 
 
 class MirroredPools:
@@ -150,7 +149,7 @@ class DraftProposer:
 
     def cached(self, pages: Sequence[int]) -> None:
         """The prefix cache adopted ``pages``; under the fault their draft K/V is not kept."""
-        if DRAFT_STATE_NOT_CACHED in self.config.faults and pages:
+        if DRAFT_STATE_NOT_CACHED.name in self.config.faults and pages:
             draft_pool = self.kv_pool
             slots = torch.tensor([p * self.config.page_size + i for p in pages for i in range(self.config.page_size)])
             physical = draft_pool.to_physical(slots).to(self.head.embed.device)

@@ -7,12 +7,11 @@ fault ``mtp_layer_index_oob`` (vLLM #49642) indexes the table directly and fails
 from __future__ import annotations
 
 from reference_impl.config import EngineConfig, ModelConfig
+from reference_impl.faults import MTP_LAYER_INDEX_OOB
 from reference_impl.model.tiny_lm import load_model
 from reference_impl.spec.draft import DraftProposer
 from reference_impl.spec.draft_model import load_mtp, packed_config
 
-#: fault: the MTP layer's index (num_layers) is used on a per-layer table without a bounds check.
-MTP_LAYER_INDEX_OOB = "mtp_layer_index_oob"
 
 
 class MtpProposer(DraftProposer):
@@ -27,7 +26,7 @@ class MtpProposer(DraftProposer):
         """Load the MTP layer (reading its per-layer settings) and point it at the pool's tail layer."""
         model = config.model
         index = model.num_layers
-        kind = model.layer_types[index] if MTP_LAYER_INDEX_OOB in config.faults else model.layer_kind(index)
+        kind = model.layer_types[index] if MTP_LAYER_INDEX_OOB.name in config.faults else model.layer_kind(index)
         if kind != "attention":
             raise ValueError(f"MTP layer {index} must be attention, the table says {kind!r}")
         self.config = config

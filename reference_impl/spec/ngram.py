@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from reference_impl.config import EngineConfig, ModelConfig
+from reference_impl.faults import NGRAM_PROMPT_ONLY
 
 
 class StatelessProposer:
@@ -50,8 +51,6 @@ class NoProposer(StatelessProposer):
     """spec = none: never drafts, so every decode step is a plain one-token step."""
 
 
-#: fault: prompt lookup searches the prompt's n-grams only, never the tokens generated since.
-NGRAM_PROMPT_ONLY = "ngram_prompt_only"
 
 
 class NgramProposer(StatelessProposer):
@@ -69,7 +68,7 @@ class NgramProposer(StatelessProposer):
 
     def wrap_pools(self, pools: object, config: EngineConfig) -> object:
         """No draft pool; read the one fault that changes where lookup searches."""
-        self.prompt_only = NGRAM_PROMPT_ONLY in config.faults
+        self.prompt_only = NGRAM_PROMPT_ONLY.name in config.faults
         return pools
 
     def propose(self, req: object, k: int) -> list[int]:
