@@ -17,7 +17,7 @@ DEFAULT_WORKLOADS = ("system_prompt", "multi_turn", "long_prompts", "burst")
 
 def request(tokens: list[int]) -> Request:
     spec = RequestSpec("r", tuple(tokens), max_new_tokens=4)
-    return Request(spec, 0, RequestOutput("r", [], [], [], [], [], 0, "length"))
+    return Request(spec, 0, RequestOutput.empty("r", "length"))
 
 
 def test_greedy_accept_stops_at_the_first_mismatch() -> None:

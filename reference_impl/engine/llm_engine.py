@@ -111,7 +111,7 @@ class Engine:
             reason = self.rejection(spec, seen)
             seen.add(spec.rid)
             if reason:
-                rejected.append(RequestOutput(spec.rid, [], [], [], [], [], 0, "rejected", reason))
+                rejected.append(RequestOutput.empty(spec.rid, "rejected", reason))
                 continue
             self.queue.push(self.new_request(spec))
         return rejected
@@ -119,7 +119,7 @@ class Engine:
     def new_request(self, spec: RequestSpec) -> Request:
         """Engine-side state of a new request, numbered in arrival order."""
         self._arrivals += 1
-        return Request(spec, self._arrivals - 1, RequestOutput(spec.rid, [], [], [], [], [], 0, "length"))
+        return Request(spec, self._arrivals - 1, RequestOutput.empty(spec.rid, "length"))
 
     def has_work(self) -> bool:
         return bool(self.running or len(self.queue))
