@@ -21,8 +21,6 @@ from reference_impl.cache.radix import InsertResult, MatchResult, RadixCache, Tr
 from reference_impl.faults import PAGE_KEY_FORGETS_PREFIX
 from reference_impl.memory.host import HostPool, PageMover, page_hashes
 
-WRITE_POLICIES = ("write_through", "write_back")
-
 Copies = dict[str, list[torch.Tensor]]  # chained page hash -> host copy of a page (or a snapshot)
 
 

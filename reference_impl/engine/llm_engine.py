@@ -124,10 +124,6 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.running or len(self.queue))
 
-    def step(self, outputs: list[RequestOutput]) -> bool:
-        """Run one prefill or decode step, appending finished requests' outputs; False when nothing could run."""
-        return self._step(outputs)
-
     def close(self) -> None:
         """Nothing to stop: an engine lives in this process (a PD engine's decode side may not)."""
 
@@ -183,8 +179,8 @@ class Engine:
         return ""
 
     # -- one step -----------------------------------------------------------------------
-    def _step(self, outputs: list[RequestOutput]) -> bool:
-        """Run one prefill or decode step; False when nothing could run."""
+    def step(self, outputs: list[RequestOutput]) -> bool:
+        """Run one prefill or decode step, appending finished requests' outputs; False when nothing could run."""
         chunks = self._schedule_prefill()
         is_decode = not chunks
         if is_decode:

@@ -20,7 +20,7 @@ from reference_impl.faults import PD_DRAFT_STATE_NOT_SENT, PD_MAMBA_STATE_EARLY,
 from reference_impl.memory.layout import Block, RegionTable, ViewGeometry, state_blocks
 from reference_impl.pd.decode import gate_moves, physical_pages, physical_state
 from reference_impl.pd.staging import grid_cells
-from reference_impl.pd.transfer import ChunkHeader, Transfer, TransferFailed, TransferState
+from reference_impl.pd.transfer import IN_FLIGHT, ChunkHeader, Transfer, TransferFailed, TransferState
 from reference_impl.pd.wire import (
     WireLayout,
     aux_width,
@@ -89,7 +89,7 @@ class KVSender:
 
     def in_flight(self) -> bool:
         """The prefill side's move gate: a page may not move while any transfer has its physical ids out."""
-        return any(t.state in (TransferState.WAITING_FOR_INPUT, TransferState.TRANSFERRING) for t in self._transfers.values())
+        return any(t.state in IN_FLIGHT for t in self._transfers.values())
 
     def track(self, transfer: Transfer) -> None:
         self._transfers[transfer.rid] = transfer
