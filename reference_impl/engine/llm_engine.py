@@ -12,6 +12,7 @@ from reference_impl.config import EngineConfig
 from reference_impl.engine.model_runner import ModelRunner
 from reference_impl.engine.scheduler import Admission
 from reference_impl.faults import DRAFT_PAGES_KEPT_ON_PREEMPT, SPEC_FINISH_PAGE_LEAK
+from reference_impl.memory.engine_pools import EnginePools
 from reference_impl.memory.host import PageMover
 from reference_impl.model.batch_invariant import TILE
 from reference_impl.model.forward_batch import VerifyScratch
@@ -53,7 +54,7 @@ class Engine:
         cfg = config.model
         self.page_size = config.page_size
         self.proposer = config.spec() if config.spec is not None else NoProposer()
-        pools = config.pool(
+        target = config.pool(
             self.proposer.pool_model(cfg),
             page_size=config.page_size,
             num_pages=config.num_pages,
@@ -63,7 +64,7 @@ class Engine:
             poison=config.poison,
             faults=config.faults,
         )
-        self.pools = self.proposer.wrap_pools(pools, config)
+        self.pools = EnginePools(target, self.proposer.setup(target, config))
         free_state = (lambda slot: self.pools.free_state_slots([slot])) if cfg.is_hybrid else None
         self.cache = config.cache(config.page_size, self.pools.free_pages, free_state)
         self.cache.attach(PageMover(
@@ -416,8 +417,7 @@ class Engine:
 
     def _preempt(self, req: Request) -> None:
         """Recompute-style preemption: drop the request's memory and queue it again."""
-        draft = getattr(self.pools, "draft", None)
-        if draft is not None and DRAFT_PAGES_KEPT_ON_PREEMPT.name in self.config.faults:
+        if self.pools.draft is not None and DRAFT_PAGES_KEPT_ON_PREEMPT.name in self.config.faults:
             cached = set(req.cache_pages)
             own = [p for p in req.pages if p not in cached]
             self.pools.target.free_pages(own)  # the draft pool's copies of these pages stay live

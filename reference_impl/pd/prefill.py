@@ -18,7 +18,7 @@ from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine
 from reference_impl.faults import PD_DRAFT_STATE_NOT_SENT, PD_MAMBA_STATE_EARLY, PD_STAGING_GRID_SHIFT
 from reference_impl.memory.layout import Block, RegionTable, ViewGeometry, state_blocks
-from reference_impl.pd.decode import gate_moves, physical_pages, physical_state
+from reference_impl.pd.decode import gate_moves, handoff_pages, handoff_state
 from reference_impl.pd.staging import grid_cells
 from reference_impl.pd.transfer import IN_FLIGHT, ChunkHeader, Transfer, TransferFailed, TransferState
 from reference_impl.pd.wire import (
@@ -101,7 +101,7 @@ class KVSender:
     def send(self, t: Transfer, req: Request, end_page: int, last: bool) -> None:
         """Send pages ``t.next_page .. end_page - 1`` of ``req`` (and, when ``last``, its state and record)."""
         start = t.next_page
-        physical = physical_pages(self.engine.pools, req.pages[start:end_page], self.faults)
+        physical = handoff_pages(self.engine.pools, req.pages[start:end_page], self.faults)
         pieces = (grid_cells(start, end_page, self.decode.chunk_pages) if self.decode.staging
                   else [(None, start, end_page - start)])
         for i, (cell, first, count) in enumerate(pieces):
@@ -167,7 +167,7 @@ class KVSender:
         boot = t.bootstrap
         state_now = first if PD_MAMBA_STATE_EARLY.name in self.faults else final
         if req.state_slot is not None and state_now:
-            src = physical_state(self.engine.pools, req.state_slot, self.faults)
+            src = handoff_state(self.engine.pools, req.state_slot, self.faults)
             pairs += pair_blocks(state_blocks(self.layout.state, src), state_blocks(self.decode.state, boot.dst_state_slot),
                                  "Mamba state")
         if final:
