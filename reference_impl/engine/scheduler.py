@@ -1,4 +1,7 @@
-"""Waiting-queue policies: who is admitted next, who may pass a blocked request, who is preempted."""
+"""Waiting-queue policies: who is admitted next, who may pass a blocked request, who is preempted.
+
+Each offers ``engine.queue.SchedulerQueue``.
+"""
 from __future__ import annotations
 
 import heapq
