@@ -112,7 +112,7 @@ class EngineConfig:
     deterministic: bool = True
     poison: bool = False
     faults: frozenset[str] = frozenset()
-    spec: type | None = None       # the proposer class (reference_impl.spec_*); None = plain decoding
+    spec: type | None = None       # the proposer class (reference_impl.spec); None = plain decoding
     num_draft_tokens: int = 3      # k: draft tokens proposed per verify step
     host_pages: int | None = None  # L2 (cache=host, storage) capacity in pages; None: unbounded
     store: type | None = None      # the L3 backend class (reference_impl.cache.stores); used only by cache=storage

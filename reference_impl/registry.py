@@ -2,16 +2,23 @@
 
 A level is either a registered name (``"fcfs"``) or an import path
 (``"mypkg.sched:MyQueue"``), so an engine team can plug its own component into a
-matrix file without editing this package.
+matrix file without editing this package. An import-path level is checked, when it is
+named, against its factor's interface (``INTERFACES``): a class lacking a member fails
+then, in one line, not in the middle of a run.
 """
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import inspect
+from typing import Any, Protocol
 
 
 class UnknownLevelError(ValueError):
     """A factor level that is neither registered nor an importable ``module:attr`` path."""
+
+
+class InterfaceMismatchError(UnknownLevelError):
+    """An import-path level whose class lacks a member of its factor's interface (or a value of the wrong type)."""
 
 
 #: factor → level → "module:attribute" of the implementation.
@@ -56,6 +63,20 @@ COMPONENTS: dict[str, dict[str, str]] = {
     },
 }
 
+#: factor → "module:attribute" of what its implementation must be: a Protocol a class offers, or a type.
+INTERFACES: dict[str, str] = {
+    "model": "reference_impl.config:ModelConfig",
+    "scheduler": "reference_impl.engine.queue:SchedulerQueue",
+    "cache": "reference_impl.cache.prefix_cache:PrefixCache",
+    "store": "reference_impl.cache.store:Store",
+    "pool": "reference_impl.memory.pool:Pool",
+    "backend": "reference_impl.attention.backend:AttentionBackend",
+    "pd": "reference_impl.pd.kv_transport:Transport",
+    "spec": "reference_impl.spec.proposer:Proposer",
+}
+#: dunder methods an interface may require (every other underscore name is the Protocol machinery's).
+_DUNDER_MEMBERS = frozenset({"__len__"})
+
 #: factors that switch an engine behaviour on or off.
 SWITCH_FACTORS: dict[str, dict[str, bool]] = {
     "deterministic": {"off": False, "on": True},
@@ -95,8 +116,39 @@ def import_path(path: str) -> Any:
         raise UnknownLevelError(f"module {module_name!r} has no attribute {attr!r}") from exc
 
 
+def protocol_members(protocol: type) -> list[str]:
+    """What a class must define to offer ``protocol``: its ClassVars, methods and properties (instance data is unchecked)."""
+    own = vars(protocol)
+    class_vars = [name for name, hint in own.get("__annotations__", {}).items() if "ClassVar" in str(hint)]
+    methods = [
+        name for name, value in own.items()
+        if (inspect.isfunction(value) or isinstance(value, property)) and (not name.startswith("_") or name in _DUNDER_MEMBERS)
+    ]
+    return class_vars + methods
+
+
+def check_interface(factor: str, level: str, impl: object) -> None:
+    """Raise ``InterfaceMismatchError`` unless ``impl`` (what ``level`` names) offers ``factor``'s interface."""
+    interface = import_path(INTERFACES[factor])
+    name = getattr(impl, "__name__", type(impl).__name__)
+    if Protocol not in interface.__mro__:  # a value of a type (model: a ModelConfig)
+        if not isinstance(impl, interface):
+            raise InterfaceMismatchError(f"{factor} level {level!r}: {name} is not a {interface.__name__}")
+        return
+    if not inspect.isclass(impl):
+        raise InterfaceMismatchError(f"{factor} level {level!r}: {name} is not a class (it must offer {interface.__name__})")
+    missing = [member for member in protocol_members(interface) if not hasattr(impl, member)]
+    if missing:
+        what = "member" if len(missing) == 1 else "members"
+        raise InterfaceMismatchError(f"{factor} level {level!r}: class {name} lacks {what} "
+                                     f"{', '.join(repr(m) for m in missing)} of {interface.__name__}")
+
+
 def check_level(factor: str, level: object) -> None:
-    """Raise ``UnknownLevelError`` (or ``KeyError`` for the factor) unless ``level`` is valid."""
+    """Raise ``UnknownLevelError`` (or ``KeyError`` for the factor) unless ``level`` is valid.
+
+    An import-path level is imported and checked against its factor's interface here.
+    """
     if factor in VALUE_FACTORS:
         kind = VALUE_FACTORS[factor]
         if not isinstance(level, kind) or isinstance(level, bool) or (kind is int and level <= 0):
@@ -117,6 +169,8 @@ def check_level(factor: str, level: object) -> None:
     if level not in COMPONENTS[factor] and ":" not in level:
         known = ", ".join(sorted(COMPONENTS[factor]))
         raise UnknownLevelError(f"unknown level {level!r} of {factor!r} (known: {known}, or 'pkg.module:Class')")
+    if level not in COMPONENTS[factor]:
+        check_interface(factor, level, import_path(level))
 
 
 def resolve(factor: str, level: object) -> Any:

@@ -19,9 +19,12 @@ class RequestSpec:
 TIERS = ("device", "host", "storage")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RequestOutput:
-    """What the engine returns for one request, once, when it finishes or is rejected."""
+    """What the engine returns for one request, once, when it finishes or is rejected.
+
+    Keyword-only, so that a reordered field cannot silently swap two lists of an oracle's input.
+    """
 
     rid: str
     tokens: list[int]
@@ -30,7 +33,7 @@ class RequestOutput:
     top_logprobs: list[list[float]]  # their logprobs
     margins: list[float]             # top-1 minus top-2 logit per step (tie detection)
     cached_tokens: int               # prompt tokens served from the prefix cache at first admission
-    finish_reason: str               # "length" or "rejected"
+    finish_reason: str               # "length", "rejected" or (PD) "aborted"
     error: str = ""
     preemptions: int = 0             # times the request was preempted and recomputed
     accepted: list[int] = field(default_factory=list)  # per decode step: draft tokens accepted
@@ -38,6 +41,12 @@ class RequestOutput:
     cached_device: int = 0           # of cached_tokens: already in the device pool (L1)
     cached_host: int = 0             # of cached_tokens: loaded back from the host pool (L2)
     cached_storage: int = 0          # of cached_tokens: loaded back from storage (L3)
+
+    @classmethod
+    def empty(cls, rid: str, finish_reason: str, reason: str = "") -> RequestOutput:
+        """An output with no token yet: a new request's (``"length"``), or one that will get none, saying why."""
+        return cls(rid=rid, tokens=[], logprobs=[], top_ids=[], top_logprobs=[], margins=[], cached_tokens=0,
+                   finish_reason=finish_reason, error=reason)
 
     def cached_by_tier(self) -> dict[str, int]:
         """cached_tokens split by the tier each page was in at admission, keyed as in ``TIERS``."""

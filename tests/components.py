@@ -6,6 +6,9 @@ import signal
 import time
 
 from reference_impl.engine.scheduler import FcfsQueue
+from reference_impl.memory.pool import Pool
+from reference_impl.memory.static import StaticPools
+from reference_impl.registry import protocol_members
 
 
 class ExplodingQueue(FcfsQueue):
@@ -52,3 +55,17 @@ class GatedQueue(FcfsQueue):
             time.sleep(0.05)
             waited += 0.05
         return super().admit(try_admit)
+
+
+class CountingPool(StaticPools):
+    """A user pool that counts its page allocations: a correct plug-in, every Pool member inherited."""
+
+    def alloc_pages(self, n: int) -> list[int] | None:
+        self.allocations = getattr(self, "allocations", 0) + 1
+        return super().alloc_pages(n)
+
+
+#: a user pool whose author forgot ``free_pages``: every other member of the Pool interface, taken from StaticPools.
+BrokenPool = type("BrokenPool", (), {
+    name: vars(StaticPools)[name] for name in protocol_members(Pool) if name != "free_pages"
+})

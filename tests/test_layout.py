@@ -213,3 +213,17 @@ def test_the_layer_check_sees_an_upward_import() -> None:
     """The checker itself: a results module importing the runner is an upward import."""
     assert HARNESS_LAYERS[harness_unit("harness.run.runner")] > HARNESS_LAYERS[harness_unit("harness.results.store")]
     assert harness_unit("harness.cli.main") == harness_unit("harness.pytest_plugin") == "entry"
+
+
+def test_fault_names_are_spelled_once() -> None:
+    """A fault's name is written in reference_impl/faults.py only; every other module imports the ``Fault``."""
+    from reference_impl.faults import FAULTS
+
+    bad = [
+        f"{path.relative_to(ROOT)}:{node.lineno} spells {node.value!r}"
+        for path in source_files()
+        if path.name != "faults.py" or path.parent.name != PACKAGE
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Constant) and node.value in FAULTS
+    ]
+    assert not bad, bad

@@ -14,7 +14,10 @@ from reference_impl.request import RequestOutput
 
 def output(rid: str, tokens: list[int], margin: float = 1.0, cached: int = 0) -> RequestOutput:
     n = len(tokens)
-    out = RequestOutput(rid, list(tokens), [-0.5] * n, [[t] for t in tokens], [[-0.5]] * n, [margin] * n, cached, "length")
+    out = RequestOutput(
+        rid=rid, tokens=list(tokens), logprobs=[-0.5] * n, top_ids=[[t] for t in tokens], top_logprobs=[[-0.5]] * n,
+        margins=[margin] * n, cached_tokens=cached, finish_reason="length",
+    )
     out.cached_device = cached  # from L1 unless a test moves it to a lower tier
     return out
 

@@ -5,9 +5,9 @@ import pytest
 
 from fixtures.workloads import load_workload
 from reference_impl.config import DENSE
+from reference_impl.memory.engine_pools import EnginePools
 from reference_impl.memory.static import PoolIntegrityError, StaticPools
 from reference_impl.request import Request, RequestOutput, RequestSpec
-from reference_impl.spec.draft import MirroredPools
 from reference_impl.spec.draft_model import draft_config
 from reference_impl.spec.ngram import NgramProposer
 from reference_impl.spec.verify import accept_stats, greedy_accept, outputs_accept_stats
@@ -17,7 +17,7 @@ DEFAULT_WORKLOADS = ("system_prompt", "multi_turn", "long_prompts", "burst")
 
 def request(tokens: list[int]) -> Request:
     spec = RequestSpec("r", tuple(tokens), max_new_tokens=4)
-    return Request(spec, 0, RequestOutput("r", [], [], [], [], [], 0, "length"))
+    return Request(spec, 0, RequestOutput.empty("r", "length"))
 
 
 def test_greedy_accept_stops_at_the_first_mismatch() -> None:
@@ -89,15 +89,16 @@ def test_draft_pool_is_sized_from_the_draft_geometry(make_engine) -> None:
 def test_mtp_kv_is_a_tail_layer_of_the_target_pool(make_engine) -> None:
     engine = make_engine("pair", spec="mtp", model="hybrid")
     tail = len(engine.config.model.attention_layers)
-    assert engine.proposer.kv_pool is engine.pools and engine.proposer.kv_layer == tail
+    assert engine.proposer.kv_pool is engine.pools.target and engine.proposer.kv_layer == tail
+    assert engine.pools.draft is None
     engine.pools.kv_views(tail)  # exists
     with pytest.raises(IndexError):
         engine.pools.kv_views(tail + 1)
 
 
-def test_mirrored_pools_report_a_draft_page_leak() -> None:
+def test_engine_pools_report_a_draft_page_leak() -> None:
     kwargs = dict(page_size=4, num_pages=8, num_state_slots=1)
-    pools = MirroredPools(StaticPools(DENSE, **kwargs), StaticPools(draft_config(DENSE), **kwargs))
+    pools = EnginePools(StaticPools(DENSE, **kwargs), StaticPools(draft_config(DENSE), **kwargs))
     pages = pools.alloc_pages(3)
     pools.check_integrity()
     pools.target.free_pages(pages)  # freed in the target pool only: the draft's pages leak

@@ -1,1 +1,1 @@
-"""Attention backends: the torch reference, the Triton paged kernels, and the launch-geometry audit."""
+"""Attention backends: their interface (``backend``), the torch reference, the Triton paged kernels, and the launch-geometry audit."""

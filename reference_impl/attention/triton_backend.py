@@ -24,6 +24,7 @@ from reference_impl.attention.launch_audit import LaunchGeometry
 from reference_impl.attention.triton_ops.common import SHAPES, LaunchShapes
 from reference_impl.attention.triton_ops.decode import decode_attention
 from reference_impl.attention.triton_ops.extend import extend_attention
+from reference_impl.faults import SLOT_STRIDE_INT32, UNIFIED_EXTEND_VIRTUAL_LOC
 from reference_impl.model.forward_batch import ForwardBatch
 
 class PageAlignmentError(ValueError):
@@ -57,8 +58,8 @@ class TritonBackend:
         self.page_size = page_size
         self.shapes = shapes
         self.deterministic = deterministic
-        self.virtual_new_loc = "unified_extend_virtual_loc" in faults
-        self.index_int32 = "slot_stride_int32" in faults
+        self.virtual_new_loc = UNIFIED_EXTEND_VIRTUAL_LOC.name in faults
+        self.index_int32 = SLOT_STRIDE_INT32.name in faults
         self.launches: list[LaunchGeometry] = []
         self._step: _StepMeta | None = None
 

@@ -26,10 +26,7 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-
-#: fault: a node split hands the node's Mamba snapshot to the new head, which ends earlier than the snapshot.
-SPLIT_SNAPSHOT_TO_HEAD = "split_snapshot_to_head"
-EVICT_IGNORES_LOCK = "evict_ignores_lock"
+from reference_impl.faults import EVICT_IGNORES_LOCK, SPLIT_SNAPSHOT_TO_HEAD
 
 
 class CacheIntegrityError(AssertionError):
@@ -196,7 +193,7 @@ class RadixCache:
 
     def evict(self, num_pages: int) -> int:
         """Free least-recently-used unlocked leaves until ``num_pages`` are freed or none is left."""
-        pinned = (lambda n: False) if EVICT_IGNORES_LOCK in self.faults else (lambda n: n.lock_ref > 0)
+        pinned = (lambda n: False) if EVICT_IGNORES_LOCK.name in self.faults else (lambda n: n.lock_ref > 0)
         heap = [(n.last_access, n.id, n) for n in self._nodes() if not n.children and not pinned(n)]
         heapq.heapify(heap)  # ties on the clock go to the older node id: deterministic
         freed = 0
@@ -298,7 +295,7 @@ class RadixCache:
             lock_ref=node.lock_ref, last_access=node.last_access,
         )
         parent.children[self._child_key(head.key)] = head
-        if SPLIT_SNAPSHOT_TO_HEAD in self.faults:  # the snapshot of position end(node) now claims end(head)
+        if SPLIT_SNAPSHOT_TO_HEAD.name in self.faults:  # the snapshot of position end(node) now claims end(head)
             head.state_slot, node.state_slot = node.state_slot, None
         node.key, node.pages, node.parent = node.key[length:], node.pages[cut:], head
         head.children[self._child_key(node.key)] = node

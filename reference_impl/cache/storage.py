@@ -13,9 +13,7 @@ import torch
 
 from reference_impl.cache.stores import StoreError
 from reference_impl.cache.tiered import Copies, HostCache, LoadPlan
-
-#: fault (vLLM #48069 before the fix): the tenant id never reaches the store; every tenant shares one namespace.
-TENANT_NAMESPACE_DROPPED = "tenant_namespace_dropped"
+from reference_impl.faults import TENANT_NAMESPACE_DROPPED
 
 
 class StorageCache(HostCache):
@@ -25,7 +23,7 @@ class StorageCache(HostCache):
 
     def attach_store(self, store: object, tenant: str, layout: str) -> None:
         """Use ``store`` under namespace ``tenant``; ``layout`` names the pools' tensor layout."""
-        dropped = TENANT_NAMESPACE_DROPPED in self.mover.faults
+        dropped = TENANT_NAMESPACE_DROPPED.name in self.mover.faults
         self.store, self.tenant, self.layout = store, "default" if dropped else tenant, layout
         self.store_errors: list[str] = []
         self._written: set[str] = set()

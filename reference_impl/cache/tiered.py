@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from reference_impl.cache.radix import InsertResult, MatchResult, RadixCache, TreeNode
-from reference_impl.memory.host import PAGE_KEY_FORGETS_PREFIX, HostPool, PageMover, page_hashes
-
-WRITE_POLICIES = ("write_through", "write_back")
+from reference_impl.faults import PAGE_KEY_FORGETS_PREFIX
+from reference_impl.memory.host import HostPool, PageMover, page_hashes
 
 Copies = dict[str, list[torch.Tensor]]  # chained page hash -> host copy of a page (or a snapshot)
 
@@ -61,7 +60,7 @@ class HostCache(RadixCache):
         super().attach(mover, host_pages)
         self.mover = mover
         self.host = HostPool(host_pages)
-        self._chained = PAGE_KEY_FORGETS_PREFIX not in mover.faults
+        self._chained = PAGE_KEY_FORGETS_PREFIX.name not in mover.faults
 
     def _keys(self, tokens: Sequence[int], pages: int) -> list[str]:
         """The L2/L3 key of each of the first ``pages`` pages of ``tokens``: chained onto its prefix."""

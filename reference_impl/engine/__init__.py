@@ -1,1 +1,4 @@
-"""The engine: scheduling, continuous batching with chunked prefill, and the model runner."""
+"""The engine: scheduling, continuous batching with chunked prefill, and the model runner.
+
+``queue`` writes the interface every scheduler queue offers.
+"""

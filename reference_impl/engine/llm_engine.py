@@ -11,18 +11,14 @@ from reference_impl.cache.radix import MatchResult
 from reference_impl.config import EngineConfig
 from reference_impl.engine.model_runner import ModelRunner
 from reference_impl.engine.scheduler import Admission
+from reference_impl.faults import DRAFT_PAGES_KEPT_ON_PREEMPT, SPEC_FINISH_PAGE_LEAK
+from reference_impl.memory.engine_pools import EnginePools
 from reference_impl.memory.host import PageMover
 from reference_impl.model.batch_invariant import TILE
 from reference_impl.model.forward_batch import VerifyScratch
 from reference_impl.model.tiny_lm import load_model
 from reference_impl.request import Chunk, Phase, Request, RequestOutput, RequestSpec
 from reference_impl.spec.ngram import NoProposer
-
-
-#: fault: preemption frees a request's pages in the target pool but leaves them live in the draft's own pool.
-DRAFT_PAGES_KEPT_ON_PREEMPT = "draft_pages_kept_on_preempt"
-#: fault: a speculative request that finishes keeps its last page: it leaves every table but is never freed.
-SPEC_FINISH_PAGE_LEAK = "spec_finish_page_leak"
 
 
 class EngineStallError(RuntimeError):
@@ -58,7 +54,7 @@ class Engine:
         cfg = config.model
         self.page_size = config.page_size
         self.proposer = config.spec() if config.spec is not None else NoProposer()
-        pools = config.pool(
+        target = config.pool(
             self.proposer.pool_model(cfg),
             page_size=config.page_size,
             num_pages=config.num_pages,
@@ -68,7 +64,7 @@ class Engine:
             poison=config.poison,
             faults=config.faults,
         )
-        self.pools = self.proposer.wrap_pools(pools, config)
+        self.pools = EnginePools(target, self.proposer.setup(target, config))
         free_state = (lambda slot: self.pools.free_state_slots([slot])) if cfg.is_hybrid else None
         self.cache = config.cache(config.page_size, self.pools.free_pages, free_state)
         self.cache.attach(PageMover(
@@ -116,7 +112,7 @@ class Engine:
             reason = self.rejection(spec, seen)
             seen.add(spec.rid)
             if reason:
-                rejected.append(RequestOutput(spec.rid, [], [], [], [], [], 0, "rejected", reason))
+                rejected.append(RequestOutput.empty(spec.rid, "rejected", reason))
                 continue
             self.queue.push(self.new_request(spec))
         return rejected
@@ -124,14 +120,10 @@ class Engine:
     def new_request(self, spec: RequestSpec) -> Request:
         """Engine-side state of a new request, numbered in arrival order."""
         self._arrivals += 1
-        return Request(spec, self._arrivals - 1, RequestOutput(spec.rid, [], [], [], [], [], 0, "length"))
+        return Request(spec, self._arrivals - 1, RequestOutput.empty(spec.rid, "length"))
 
     def has_work(self) -> bool:
         return bool(self.running or len(self.queue))
-
-    def step(self, outputs: list[RequestOutput]) -> bool:
-        """Run one prefill or decode step, appending finished requests' outputs; False when nothing could run."""
-        return self._step(outputs)
 
     def close(self) -> None:
         """Nothing to stop: an engine lives in this process (a PD engine's decode side may not)."""
@@ -188,8 +180,8 @@ class Engine:
         return ""
 
     # -- one step -----------------------------------------------------------------------
-    def _step(self, outputs: list[RequestOutput]) -> bool:
-        """Run one prefill or decode step; False when nothing could run."""
+    def step(self, outputs: list[RequestOutput]) -> bool:
+        """Run one prefill or decode step, appending finished requests' outputs; False when nothing could run."""
         chunks = self._schedule_prefill()
         is_decode = not chunks
         if is_decode:
@@ -397,7 +389,7 @@ class Engine:
         adopted = set(req.pages[:n_pages]) - set(result.unused_pages)
         self.proposer.cached(sorted(adopted))
         req.pages = [p for p in req.pages if p not in adopted]
-        if SPEC_FINISH_PAGE_LEAK in self.config.faults and self.proposer.speculative:
+        if SPEC_FINISH_PAGE_LEAK.name in self.config.faults and self.proposer.speculative:
             req.pages = req.pages[:-1]  # the last page (its decoded tokens, never cached) is forgotten, not freed
         req.checkpoint_slots = {pos: s for pos, s in req.checkpoint_slots.items() if s in result.unused_slots}
         self._release(req)
@@ -425,8 +417,7 @@ class Engine:
 
     def _preempt(self, req: Request) -> None:
         """Recompute-style preemption: drop the request's memory and queue it again."""
-        draft = getattr(self.pools, "draft", None)
-        if draft is not None and DRAFT_PAGES_KEPT_ON_PREEMPT in self.config.faults:
+        if self.pools.draft is not None and DRAFT_PAGES_KEPT_ON_PREEMPT.name in self.config.faults:
             cached = set(req.cache_pages)
             own = [p for p in req.pages if p not in cached]
             self.pools.target.free_pages(own)  # the draft pool's copies of these pages stay live

@@ -5,9 +5,12 @@ from dataclasses import dataclass
 
 import torch
 
+from reference_impl.attention.backend import AttentionBackend
+from reference_impl.memory.pool import Pool
 from reference_impl.model.forward_batch import ForwardBatch, VerifyScratch
 from reference_impl.model.tiny_lm import TinyLM
 from reference_impl.request import Chunk, Request
+from reference_impl.spec.proposer import Proposer
 from reference_impl.spec.verify import greedy_accept
 
 
@@ -24,8 +27,8 @@ class ModelRunner:
     """Owns the model call; the only place where virtual ids are translated for the kernels."""
 
     def __init__(
-        self, model: TinyLM, pools: object, backend: object, page_size: int, topk: int, deterministic: bool,
-        proposer: object, verify_scratch: VerifyScratch | None = None,
+        self, model: TinyLM, pools: Pool, backend: AttentionBackend, page_size: int, topk: int, deterministic: bool,
+        proposer: Proposer, verify_scratch: VerifyScratch | None = None,
     ) -> None:
         self.model = model
         self.verify_scratch = verify_scratch
@@ -50,7 +53,7 @@ class ModelRunner:
         pages = torch.tensor(req.pages, dtype=torch.long)[positions // self.page_size]
         return pages * self.page_size + positions % self.page_size
 
-    def physical_slots(self, req: Request, start: int, end: int, pools: object) -> torch.Tensor:
+    def physical_slots(self, req: Request, start: int, end: int, pools: Pool) -> torch.Tensor:
         """Physical slots of positions start..end-1 of ``req`` in ``pools`` (the draft pool's translation)."""
         return pools.to_physical(self._slots(req, start, end))
 

@@ -1,4 +1,7 @@
-"""Waiting-queue policies: who is admitted next, who may pass a blocked request, who is preempted."""
+"""Waiting-queue policies: who is admitted next, who may pass a blocked request, who is preempted.
+
+Each offers ``engine.queue.SchedulerQueue``.
+"""
 from __future__ import annotations
 
 import heapq
@@ -6,6 +9,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from enum import Enum
 
+from reference_impl.faults import PRIORITY_SCHEDULER_DROP
 from reference_impl.request import Request
 
 
@@ -55,7 +59,7 @@ class PriorityQueue:
 
     def __init__(self, faults: frozenset[str] = frozenset()) -> None:
         self._heap: list[tuple[int, int, Request]] = []
-        self._drop_passed = "priority_scheduler_drop" in faults
+        self._drop_passed = PRIORITY_SCHEDULER_DROP.name in faults
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -16,16 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-#: fault (SGLang #30393): load-back restores the target K/V only; the draft's K/V of the page is missing.
-HICACHE_DRAFT_NOT_RESTORED = "hicache_draft_not_restored"
-#: fault (vLLM #50507 before the fix): hybrid offload keeps Mamba snapshots at whole blocks only.
-MAMBA_WHOLE_BLOCK_OFFLOAD = "mamba_whole_block_offload"
-#: the block (tokens) the faulty offload rounds Mamba snapshots to.
+from reference_impl.faults import HICACHE_DRAFT_NOT_RESTORED, MAMBA_WHOLE_BLOCK_OFFLOAD
+from reference_impl.memory.pool import Pool, physical_pages
+
+#: the block (tokens) the faulty offload (``mamba_whole_block_offload``) rounds Mamba snapshots to.
 MAMBA_OFFLOAD_BLOCK = 32
-
-
-#: fault: a page's L2/L3 key hashes its own tokens only, not its parent's key (the same page under any prefix).
-PAGE_KEY_FORGETS_PREFIX = "page_key_forgets_prefix"
 
 
 def page_hashes(tokens: Sequence[int], page_size: int, pages: int, chained: bool = True) -> list[str]:
@@ -43,19 +38,15 @@ def page_hashes(tokens: Sequence[int], page_size: int, pages: int, chained: bool
 class PageMover:
     """Reads and writes one virtual page (or state slot) of every pool a cached prefix spans."""
 
-    pools: object
+    pools: Pool
     page_size: int
     target_layers: int                                   # the target model's attention layers
-    draft: list[tuple[object, int]] = field(default_factory=list)  # (pool, layer) of draft K/V
+    draft: list[tuple[Pool, int]] = field(default_factory=list)  # (pool, layer) of draft K/V
     mamba_layers: int = 0
     faults: frozenset[str] = frozenset()
     pin: bool = False  # host copies in pinned memory (the engine runs on CUDA)
 
-    def _phys_page(self, pool: object, page: int) -> int:
-        slot = torch.tensor([page * self.page_size])
-        return int(pool.to_physical(slot)[0]) // self.page_size
-
-    def _kv(self) -> list[tuple[object, int]]:
+    def _kv(self) -> list[tuple[Pool, int]]:
         return [(self.pools, layer) for layer in range(self.target_layers)] + self.draft
 
     def to_host(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -68,7 +59,7 @@ class PageMover:
         """Host copies of K and V of ``page`` in every layer of every pool (target first, then draft)."""
         views = []
         for pool, layer in self._kv():
-            phys = self._phys_page(pool, page)
+            (phys,) = physical_pages(pool, [page])
             views.extend(view[phys] for view in pool.kv_views(layer))
         return self.to_host(views)
 
@@ -76,10 +67,10 @@ class PageMover:
         """Write host copies back into ``page``; under the fault the draft's K/V is left zeroed."""
         items = iter(data)
         for index, (pool, layer) in enumerate(self._kv()):
-            phys = self._phys_page(pool, page)
+            (phys,) = physical_pages(pool, [page])
             for view in pool.kv_views(layer):
                 saved = next(items)
-                if index >= self.target_layers and HICACHE_DRAFT_NOT_RESTORED in self.faults:
+                if index >= self.target_layers and HICACHE_DRAFT_NOT_RESTORED.name in self.faults:
                     view[phys] = 0
                 else:
                     view[phys] = saved.to(view.device)
@@ -99,7 +90,7 @@ class PageMover:
 
     def keeps_snapshot(self, position: int) -> bool:
         """Whether offload keeps a snapshot at ``position`` (the fault keeps whole blocks only)."""
-        return MAMBA_WHOLE_BLOCK_OFFLOAD not in self.faults or position % MAMBA_OFFLOAD_BLOCK == 0
+        return MAMBA_WHOLE_BLOCK_OFFLOAD.name not in self.faults or position % MAMBA_OFFLOAD_BLOCK == 0
 
 
 class HostPool:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from reference_impl.config import ModelConfig
+from reference_impl.faults import UNIFIED_NO_ZERO_ON_ISSUE
 from reference_impl.memory.layout import PoolGeometry, RegionTable
 from reference_impl.memory.poison import poison_, poison_rows_
 from reference_impl.memory.static import IdAllocator, PoolIntegrityError, keep_memory, write_paged_kv
@@ -40,8 +41,6 @@ from reference_impl.memory.static import IdAllocator, PoolIntegrityError, keep_m
 COMPACTION_MODES = ("eager", "lazy")
 #: lazy mode compacts at alloc time once the holes inside the live span exceed this fraction of the pool.
 LAZY_HOLE_FRACTION = 0.25
-#: the fault that drops the zero-on-issue fix of SGLang #33974 (see reference_impl.faults).
-NO_ZERO_ON_ISSUE = "unified_no_zero_on_issue"
 
 
 class UnmappedIdError(LookupError):
@@ -277,7 +276,7 @@ class UnifiedPool:
         #: when set and true, compaction moves nothing (a PD transfer may hold physical ids)
         self.move_gate: Callable[[], bool] | None = None
         self._build_views(typed)
-        self._on_issue_pages = keep_memory if NO_ZERO_ON_ISSUE in faults else self._zero_envelopes
+        self._on_issue_pages = keep_memory if UNIFIED_NO_ZERO_ON_ISSUE.name in faults else self._zero_envelopes
         self._on_vacate_pages = self._poison_envelopes if poison else keep_memory
         self._on_vacate_slots = self._poison_slot_rows if poison else keep_memory
 

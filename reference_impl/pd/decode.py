@@ -14,22 +14,23 @@ Who owns what, from bootstrap to adoption (the handoff SGLang #33362 had to fenc
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine
+from reference_impl.faults import PD_COMPACTION_IN_FLIGHT, PD_VIRTUAL_IDS_ON_WIRE
+from reference_impl.memory.engine_pools import EnginePools
 from reference_impl.memory.layout import Block, RegionTable, ViewGeometry
+from reference_impl.memory.pool import MovingPool, Pool, physical_pages
 from reference_impl.memory.static import IdAllocator
 from reference_impl.pd.staging import StagingRing, grid_cells
 from reference_impl.pd.transfer import Bootstrap, ChunkHeader, TransferStateError
 from reference_impl.pd.wire import WireLayout, aux_width, decode_aux, kv_parts, page_kv_blocks, piece_bytes
 from reference_impl.request import Phase, Request, RequestOutput, RequestSpec
 
-#: faults (see reference_impl.faults)
-PD_VIRTUAL_IDS_ON_WIRE = "pd_virtual_ids_on_wire"
-PD_COMPACTION_IN_FLIGHT = "pd_compaction_in_flight"
 #: metadata slots: how many requests may be preallocated at once
 AUX_SLOTS = 64
 
@@ -39,30 +40,26 @@ def chunk_pages(config: EngineConfig) -> int:
     return max(1, config.prefill_budget // config.page_size)
 
 
-def gate_moves(pools: object, in_flight: object, faults: frozenset[str]) -> None:
-    """Install the move gate on every unified pool of ``pools`` (refuse moves while ``in_flight()``)."""
-    for pool in (getattr(pools, "target", pools), getattr(pools, "draft", None)):
-        if pool is None or not hasattr(pool, "move_gate"):
+def gate_moves(pools: EnginePools, in_flight: Callable[[], bool], faults: frozenset[str]) -> None:
+    """Install the move gate on every pool of ``pools`` that moves pages (refuse moves while ``in_flight()``)."""
+    for pool in pools.pools:
+        if not isinstance(pool, MovingPool):
             continue
         if pool.compaction != "lazy":
             raise ValueError(f"PD needs the unified pool's lazy compaction, not {pool.compaction!r}: "
                              "an eager pool moves pages on every free, under a transfer in flight")
-        if PD_COMPACTION_IN_FLIGHT not in faults:  # the fault: no gate (SGLang #33362 before the fix)
+        if PD_COMPACTION_IN_FLIGHT.name not in faults:  # the fault: no gate (SGLang #33362 before the fix)
             pool.move_gate = in_flight
 
 
-def physical_pages(pools: object, pages: list[int], faults: frozenset[str]) -> list[int]:
+def handoff_pages(pools: Pool, pages: list[int], faults: frozenset[str]) -> list[int]:
     """The one translation of a handoff; the fault ``pd_virtual_ids_on_wire`` skips it."""
-    if PD_VIRTUAL_IDS_ON_WIRE in faults or not pages:
-        return list(pages)
-    page_size = pools.page_size
-    slots = torch.tensor([p * page_size for p in pages], dtype=torch.long)
-    return [int(s) // page_size for s in pools.to_physical(slots)]
+    return list(pages) if PD_VIRTUAL_IDS_ON_WIRE.name in faults else physical_pages(pools, pages)
 
 
-def physical_state(pools: object, slot: int, faults: frozenset[str]) -> int:
+def handoff_state(pools: Pool, slot: int, faults: frozenset[str]) -> int:
     """A state slot's physical id, translated at the handoff like the pages (the same fault skips it)."""
-    return slot if PD_VIRTUAL_IDS_ON_WIRE in faults else pools.to_physical_state([slot])[0]
+    return slot if PD_VIRTUAL_IDS_ON_WIRE.name in faults else pools.to_physical_state([slot])[0]
 
 
 def copy_blocks(regions: RegionTable, blocks: list[Block], source: torch.Tensor) -> None:
@@ -159,8 +156,8 @@ class DecodeServer:
                 return None
         (aux_slot,) = self.aux_slots.alloc(1)
         pools = engine.pools
-        state = physical_state(pools, req.state_slot, self.faults) if req.state_slot is not None else None
-        boot = Bootstrap(spec.rid, attempt, hit_pages, tuple(physical_pages(pools, req.pages[hit_pages:], self.faults)),
+        state = handoff_state(pools, req.state_slot, self.faults) if req.state_slot is not None else None
+        boot = Bootstrap(spec.rid, attempt, hit_pages, tuple(handoff_pages(pools, req.pages[hit_pages:], self.faults)),
                          state, aux_slot, region)
         self.preallocated[spec.rid] = Preallocated(req, boot)
         return boot

@@ -94,7 +94,7 @@ class DisaggEngine:
             reason = self.prefill.rejection(spec, seen)  # both sides share one config
             seen.add(spec.rid)
             if reason:
-                outputs.append(RequestOutput(spec.rid, [], [], [], [], [], 0, "rejected", reason))
+                outputs.append(RequestOutput.empty(spec.rid, "rejected", reason))
             else:
                 self.pending.append(Transfer(spec))
         while self.pending or self.transfers or self.prefill.has_work() or self.decode.has_work():
@@ -172,7 +172,7 @@ class DisaggEngine:
             self.pending.append(Transfer(t.spec, attempt=1))
         else:
             self.pd.aborted += 1
-            outputs.append(RequestOutput(t.rid, [], [], [], [], [], 0, "aborted", f"transfer failed twice; last: {reason}"))
+            outputs.append(RequestOutput.empty(t.rid, "aborted", f"transfer failed twice; last: {reason}"))
 
     # -- audit and shutdown -------------------------------------------------------------------
     def audit(self) -> list[str]:

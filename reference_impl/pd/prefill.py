@@ -16,10 +16,11 @@ import torch
 
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine
+from reference_impl.faults import PD_DRAFT_STATE_NOT_SENT, PD_MAMBA_STATE_EARLY, PD_STAGING_GRID_SHIFT
 from reference_impl.memory.layout import Block, RegionTable, ViewGeometry, state_blocks
-from reference_impl.pd.decode import gate_moves, physical_pages, physical_state
+from reference_impl.pd.decode import gate_moves, handoff_pages, handoff_state
 from reference_impl.pd.staging import grid_cells
-from reference_impl.pd.transfer import ChunkHeader, Transfer, TransferFailed, TransferState
+from reference_impl.pd.transfer import IN_FLIGHT, ChunkHeader, Transfer, TransferFailed, TransferState
 from reference_impl.pd.wire import (
     WireLayout,
     aux_width,
@@ -32,11 +33,6 @@ from reference_impl.pd.wire import (
     tagged_kv_blocks,
 )
 from reference_impl.request import Request, RequestOutput
-
-#: faults (see reference_impl.faults)
-PD_STAGING_GRID_SHIFT = "pd_staging_grid_shift"
-PD_MAMBA_STATE_EARLY = "pd_mamba_state_early"
-PD_DRAFT_STATE_NOT_SENT = "pd_draft_state_not_sent"
 
 Pair = tuple[Block, Block]
 
@@ -93,7 +89,7 @@ class KVSender:
 
     def in_flight(self) -> bool:
         """The prefill side's move gate: a page may not move while any transfer has its physical ids out."""
-        return any(t.state in (TransferState.WAITING_FOR_INPUT, TransferState.TRANSFERRING) for t in self._transfers.values())
+        return any(t.state in IN_FLIGHT for t in self._transfers.values())
 
     def track(self, transfer: Transfer) -> None:
         self._transfers[transfer.rid] = transfer
@@ -105,7 +101,7 @@ class KVSender:
     def send(self, t: Transfer, req: Request, end_page: int, last: bool) -> None:
         """Send pages ``t.next_page .. end_page - 1`` of ``req`` (and, when ``last``, its state and record)."""
         start = t.next_page
-        physical = physical_pages(self.engine.pools, req.pages[start:end_page], self.faults)
+        physical = handoff_pages(self.engine.pools, req.pages[start:end_page], self.faults)
         pieces = (grid_cells(start, end_page, self.decode.chunk_pages) if self.decode.staging
                   else [(None, start, end_page - start)])
         for i, (cell, first, count) in enumerate(pieces):
@@ -120,7 +116,7 @@ class KVSender:
         boot = t.bootstrap
         start = first - boot.decode_prefix_pages
         return self.page_pairs(own, list(boot.dst_pages[start : start + len(own)]),
-                               with_draft=PD_DRAFT_STATE_NOT_SENT not in self.faults)
+                               with_draft=PD_DRAFT_STATE_NOT_SENT.name not in self.faults)
 
     def page_pairs(self, src_pages: list[int], dst_pages: list[int], with_draft: bool = True) -> list[Pair]:
         """Block pairs moving physical ``src_pages`` into the decode side's physical ``dst_pages``, shard by
@@ -140,7 +136,7 @@ class KVSender:
         boot = t.bootstrap
         region = boot.staging
         # the even grid: SGLang #30545 located the slot by the absolute chunk index start_page // chunk_pages
-        offset = cell if PD_STAGING_GRID_SHIFT in self.faults else cell - region.first_cell
+        offset = cell if PD_STAGING_GRID_SHIFT.name in self.faults else cell - region.first_cell
         slot = (region.base + offset) % self.decode.staging_slots
         within = first - cell * self.decode.chunk_pages
         pairs = []
@@ -156,7 +152,7 @@ class KVSender:
 
     def _gather(self, page: int, shard: int, out: torch.Tensor) -> None:
         """One page's canonical piece for ``shard``; under ``pd_draft_state_not_sent`` the draft's bytes stay zero."""
-        skip_draft = PD_DRAFT_STATE_NOT_SENT in self.faults
+        skip_draft = PD_DRAFT_STATE_NOT_SENT.name in self.faults
         pos = 0
         for (region, offset, length), is_draft in tagged_kv_blocks(self.layout, page, shard):
             if skip_draft and is_draft:
@@ -169,9 +165,9 @@ class KVSender:
         """The non-KV state: the Mamba state (with the last chunk) and the metadata record (last chunk)."""
         pairs: list[Pair] = []
         boot = t.bootstrap
-        state_now = first if PD_MAMBA_STATE_EARLY in self.faults else final
+        state_now = first if PD_MAMBA_STATE_EARLY.name in self.faults else final
         if req.state_slot is not None and state_now:
-            src = physical_state(self.engine.pools, req.state_slot, self.faults)
+            src = handoff_state(self.engine.pools, req.state_slot, self.faults)
             pairs += pair_blocks(state_blocks(self.layout.state, src), state_blocks(self.decode.state, boot.dst_state_slot),
                                  "Mamba state")
         if final:

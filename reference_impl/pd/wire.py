@@ -27,7 +27,9 @@ from reference_impl.memory.layout import (
     coalesce,
     page_blocks,
 )
+from reference_impl.memory.engine_pools import EnginePools
 from reference_impl.request import RequestOutput
+from reference_impl.spec.proposer import Proposer
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +57,11 @@ class WireLayout:
     staging_slots: int = 0
 
 
-def kv_parts(pools: object, proposer: object, regions: RegionTable) -> tuple[KVPart, ...]:
+def kv_parts(pools: EnginePools, proposer: Proposer, regions: RegionTable) -> tuple[KVPart, ...]:
     """The KV pools of an engine: its target pool (every layer, the MTP tail among them) and a sidecar draft pool."""
-    target = getattr(pools, "target", pools)
     draft = {(id(pool), layer) for pool, layer in proposer.draft_kv()}
     parts = []
-    for pool in [target, *([pools.draft] if hasattr(pools, "draft") else [])]:
+    for pool in pools.pools:
         geometry = pool.transfer_geometry(regions)
         layers = tuple(range(len(geometry.kv)))
         parts.append(KVPart(geometry, layers, tuple(l for l in layers if (id(pool), l) in draft)))

@@ -1,21 +1,22 @@
 """spec = draft: the EAGLE-like sidecar proposer, its own KV pool, and what the prefix cache keeps of it.
 
 The draft pool has the draft layer's geometry and issues and frees pages in lockstep with the
-target pool (``MirroredPools``), so a virtual page id names the target's and the draft's K/V
+target pool (``EnginePools``), so a virtual page id names the target's and the draft's K/V
 of the same tokens: a radix hit that keeps a page keeps both (a *full* hit). After every
 target forward the draft catches up over the newly computed positions, writing its K/V;
 proposing reads that K/V and writes nothing, so rejected drafts leave no draft state behind.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
 from reference_impl.attention.torch_backend import causal_attention, gather_pages
 from reference_impl.config import EngineConfig, ModelConfig
-from reference_impl.memory.static import PoolIntegrityError
+from reference_impl.faults import DRAFT_STATE_NOT_CACHED
+from reference_impl.memory.pool import Pool, physical_pages
 from reference_impl.model import batch_invariant
 from reference_impl.model.tiny_lm import load_model
 from reference_impl.request import Chunk, Request
@@ -27,46 +28,10 @@ class SlotTranslator(Protocol):
 
     deterministic: bool
 
-    def physical_slots(self, req: Request, start: int, end: int, pools: object) -> torch.Tensor:
+    def physical_slots(self, req: Request, start: int, end: int, pools: Pool) -> torch.Tensor:
         """Physical slots of positions start..end-1 of ``req`` in ``pools``."""
 
 
-#: fault: the radix cache keeps the target's K/V of a finished prompt but drops the draft state.
-DRAFT_STATE_NOT_CACHED = "draft_state_not_cached"
-
-
-class MirroredPools:
-    """The target pools, plus a draft pool whose pages are issued and freed with the target's, same ids."""
-
-    def __init__(self, target: object, draft: object) -> None:
-        self.target = target
-        self.draft = draft
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.target, name)
-
-    def alloc_pages(self, n: int) -> list[int] | None:
-        """``n`` pages in both pools (the same virtual ids), or None when the target has fewer free."""
-        pages = self.target.alloc_pages(n)
-        if pages is not None:
-            mirror = self.draft.alloc_pages(n)
-            if mirror != pages:
-                raise PoolIntegrityError(f"draft pool issued pages {mirror}, target issued {pages}")
-        return pages
-
-    def free_pages(self, pages: Iterable[int]) -> None:
-        """Free ``pages`` in both pools."""
-        pages = list(pages)
-        self.target.free_pages(pages)
-        self.draft.free_pages(pages)
-
-    def check_integrity(self) -> None:
-        """Both pools consistent, and the draft pool holds exactly the target's live pages."""
-        self.target.check_integrity()
-        self.draft.check_integrity()
-        draft_free, target_free = self.draft.num_free_pages, self.target.num_free_pages
-        if draft_free != target_free:
-            raise PoolIntegrityError(f"draft pool pages leaked: {draft_free} free vs {target_free} in the target pool")
 
 
 class DraftProposer:
@@ -78,17 +43,17 @@ class DraftProposer:
         """The target pool's layout: the target's own (the draft has a pool of its own)."""
         return model
 
-    def wrap_pools(self, pools: object, config: EngineConfig) -> MirroredPools:
-        """Build the draft pool from the draft's own geometry and mirror it with ``pools``."""
+    def setup(self, target: Pool, config: EngineConfig) -> Pool:
+        """Load the draft head and build its own pool (the draft's geometry), issued in lockstep with ``target``."""
         self.config = config
         self.lost: set[int] = set()  # pages the cache adopted without their draft state (the fault)
         self.head: DraftHead = load_draft(load_model(config.model, config.device, config.dtype))
-        mirrored = MirroredPools(pools, config.pool(
+        self.kv_pool: Pool = config.pool(
             self.head.cfg, page_size=config.page_size, num_pages=config.num_pages, num_state_slots=1,
             device=config.device, dtype=config.dtype, poison=config.poison, faults=config.faults,
-        ))
-        self.kv_pool, self.kv_layer = mirrored.draft, 0
-        return mirrored
+        )
+        self.kv_layer = 0
+        return self.kv_pool
 
     def attach(self, runner: SlotTranslator) -> None:
         """Remember the runner: the one place that translates the draft pool's virtual slots."""
@@ -144,18 +109,18 @@ class DraftProposer:
             inputs.append(self.head.project(torch.tensor([drafts[-1]], device=hidden.device), hidden[None], det))
             hidden = self._layer([req], [req.num_computed], [len(inputs)], torch.cat(inputs), write=False)[-1]
 
-    def draft_kv(self) -> list[tuple[object, int]]:
+    def draft_kv(self) -> list[tuple[Pool, int]]:
         """(pool, layer) of the draft's K/V, which a lower cache tier must move with the target's."""
         return [(self.kv_pool, self.kv_layer)]
 
     def cached(self, pages: Sequence[int]) -> None:
         """The prefix cache adopted ``pages``; under the fault their draft K/V is not kept."""
-        if DRAFT_STATE_NOT_CACHED in self.config.faults and pages:
-            draft_pool = self.kv_pool
-            slots = torch.tensor([p * self.config.page_size + i for p in pages for i in range(self.config.page_size)])
-            physical = draft_pool.to_physical(slots).to(self.head.embed.device)
+        if DRAFT_STATE_NOT_CACHED.name in self.config.faults and pages:
+            draft_pool, page_size = self.kv_pool, self.config.page_size
+            physical = torch.tensor([p * page_size + i for p in physical_pages(draft_pool, pages) for i in range(page_size)],
+                                    device=self.head.embed.device)
             k_view, _ = draft_pool.kv_views(self.kv_layer)
-            zeros = torch.zeros(len(slots), *k_view.shape[2:], dtype=k_view.dtype, device=k_view.device)
+            zeros = torch.zeros(len(physical), *k_view.shape[2:], dtype=k_view.dtype, device=k_view.device)
             draft_pool.write_kv(self.kv_layer, physical, zeros, zeros)
             self.lost.update(pages)
 

@@ -1,14 +1,16 @@
 """Proposers that keep no state: ``none`` (plain decoding) and ``ngram`` (prompt lookup).
 
-Every proposer has the same hooks (the engine calls them whatever the spec level): a
-stateless one keeps the target pools as they are, needs nothing after a forward, and has no
-draft state for the prefix cache to keep or lose.
+Every proposer has the same hooks (``spec.proposer.Proposer``: the engine calls them whatever
+the spec level): a stateless one has no pool of its own, needs nothing after a forward, and has
+no draft state for the prefix cache to keep or lose.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from reference_impl.config import EngineConfig, ModelConfig
+from reference_impl.faults import NGRAM_PROMPT_ONLY
+from reference_impl.memory.pool import Pool
 
 
 class StatelessProposer:
@@ -20,9 +22,8 @@ class StatelessProposer:
         """The target pool's layout: the target's own."""
         return model
 
-    def wrap_pools(self, pools: object, config: EngineConfig) -> object:
-        """No draft pool: the target pools as they are."""
-        return pools
+    def setup(self, target: Pool, config: EngineConfig) -> None:
+        """Nothing to load, no draft pool."""
 
     def attach(self, runner: object) -> None:
         """Nothing to run on the model runner."""
@@ -30,7 +31,7 @@ class StatelessProposer:
     def observe(self, chunks: Sequence[object], qo_indptr: Sequence[int], hidden: object) -> None:
         """No draft state to catch up after a target forward."""
 
-    def draft_kv(self) -> list[tuple[object, int]]:
+    def draft_kv(self) -> list[tuple[Pool, int]]:
         """(pool, layer) of the draft's K/V that moves with a cached page: none for a stateless proposer."""
         return []
 
@@ -50,8 +51,6 @@ class NoProposer(StatelessProposer):
     """spec = none: never drafts, so every decode step is a plain one-token step."""
 
 
-#: fault: prompt lookup searches the prompt's n-grams only, never the tokens generated since.
-NGRAM_PROMPT_ONLY = "ngram_prompt_only"
 
 
 class NgramProposer(StatelessProposer):
@@ -67,10 +66,9 @@ class NgramProposer(StatelessProposer):
         self.min_n, self.max_n = min_n, max_n
         self.prompt_only = False
 
-    def wrap_pools(self, pools: object, config: EngineConfig) -> object:
+    def setup(self, target: Pool, config: EngineConfig) -> None:
         """No draft pool; read the one fault that changes where lookup searches."""
-        self.prompt_only = NGRAM_PROMPT_ONLY in config.faults
-        return pools
+        self.prompt_only = NGRAM_PROMPT_ONLY.name in config.faults
 
     def propose(self, req: object, k: int) -> list[int]:
         """Up to ``k`` draft tokens continuing the request's tokens; empty when no suffix recurs."""
