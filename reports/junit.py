@@ -35,6 +35,15 @@ def _case(row: Mapping, header: Mapping) -> TestCase:
         result = Error(_xml_text(error_line(row.get("error")) or "error"), "error")
         result.text = _xml_text(f"{row.get('error') or ''}\n\nreproduce: {reproduce}")
         case.result = [result]
+    elif row["status"] == "xpass":  # strict, as pytest's xfail(strict=True): a declared failure that passed
+        expected = row.get("expected") or {}
+        result = Failure(_xml_text(f"xpass: declared to fail {', '.join(expected.get('fails', []))} "
+                                   f"({expected.get('reason', '')}) and passed"), "xpass")
+        result.text = _xml_text(f"reproduce: {reproduce}")
+        case.result = [result]
+    elif row["status"] == "xfail":  # pytest's own JUnit writes an xfail as skipped with its reason
+        expected = row.get("expected") or {}
+        case.result = [Skipped(_xml_text(f"xfail: {', '.join(expected.get('fails', []))}: {expected.get('reason', '')}"))]
     elif row["status"] == "skip":
         case.result = [Skipped("skipped")]
     return case

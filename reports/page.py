@@ -14,9 +14,11 @@ from harness.results.rows import as_float, dumps, error_line
 from reports import evidence
 from reports.grid import grid
 
-STATUS_ORDER = {"error": 0, "fail": 1, "pass": 2, "skip": 3}
+STATUS_ORDER = {"error": 0, "fail": 1, "xpass": 2, "xfail": 3, "pass": 4, "skip": 5}
+#: the statuses whose cells get an evidence box: what fails the run, and the declared failures (xfail).
+SHOWN_STATUSES = ("fail", "error", "xpass", "xfail")
 ORACLE_ORDER = ["tokens", "logprobs", "nan", "accept_length", "cached_tokens", "batch_invariance", "completeness",
-                "pool_audit"]
+                "pool_audit", "cross_engine"]
 SHOWN_FINDINGS = 5
 #: above this many cells the passing ones start folded away: a closed <details> is parsed but not laid
 #: out, which keeps a 5,000-cell page quick to open (BENCHMARKS.md, bench_report.py).
@@ -78,13 +80,14 @@ def groups(rows: Sequence[Mapping], runs: Mapping[str, Mapping], ids: Mapping[st
     """Failing cells grouped by signature, largest group first; the first cell of each shows the full evidence."""
     by_sig: dict[tuple, list[Mapping]] = {}
     for row in rows:
-        if row["status"] in ("fail", "error"):
+        if row["status"] in SHOWN_STATUSES:
             by_sig.setdefault(signature(row), []).append(row)
     out = []
     for sig, members in sorted(by_sig.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         first = members[0]
         out.append({
             "status": sig[0], "oracles": [n for n, _ in sig[1]], "error": sig[2], "size": len(members),
+            "expected": first.get("expected"),
             "representative": cell_evidence(first, _header_of(first, runs), ids[first["cell_id"]], table[first["cell_id"]]),
             "members": [{"row": m, "anchor": ids[m["cell_id"]], "reproduce": reproduce_command(_header_of(m, runs), m["cell_id"])}
                         for m in members[1:]],

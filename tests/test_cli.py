@@ -39,7 +39,7 @@ def test_run_passes_and_writes_the_three_files(tmp_path: Path) -> None:
     assert [r["status"] for r in rows] == ["pass", "pass"]
     assert set(rows[0]) >= {"cell_id", "factors", "status", "oracles", "metrics", "faults"}
     summary = json.loads((report / "summary.json").read_text())
-    assert summary["counts"] == {"pass": 2, "fail": 0, "error": 0, "skip": 0}
+    assert summary["counts"] == {"pass": 2, "fail": 0, "error": 0, "xfail": 0, "xpass": 0, "skip": 0}
     assert "/model:dense/scheduler:fcfs/page_size:16/" in (report / "index.html").read_text()
 
 

@@ -48,7 +48,7 @@ class BuggyGoldens(GoldenRuns):
         super().__init__()
         self.faults = faults
 
-    def get(self, levels: dict, workload: Workload) -> WorkloadRun:
+    def get(self, levels: dict, workload: Workload, engine: str = "reference", engine_args: dict | None = None) -> WorkloadRun:
         return run_workload(levels, workload, self.faults, self.device)
 
 

@@ -77,7 +77,7 @@ def test_side_by_side_writes_what_a_serial_run_writes(tmp_path: Path, capsys) ->
         outs[jobs] = [line for line in capsys.readouterr().out.splitlines() if "golden runs" in line]
     assert rows(tmp_path / "1") == rows(tmp_path / "2")
     assert summary(tmp_path / "1") == summary(tmp_path / "2")
-    assert summary(tmp_path / "2")["counts"] == {"pass": 6, "fail": 2, "error": 0, "skip": 0}
+    assert summary(tmp_path / "2")["counts"] == {"pass": 6, "fail": 2, "error": 0, "xfail": 0, "xpass": 0, "skip": 0}
     spec = load_matrix(str(path))
     keys = [k for cell in generate(spec) for k in plan_cell(spec, cell, frozenset()).golden_keys()]
     golden = [line.split("; ", 1)[1] for line in (outs["1"][0], outs["2"][0])]

@@ -20,11 +20,12 @@ from harness.matrix.model import Cell, MatrixError, MatrixSpec, coverage, genera
 from harness.matrix.selection import SelectionError, parse_shard, select_cells, select_shard
 from harness.results.header import add_run_options, run_header
 from harness.results.reader import load
-from harness.results.rows import CellResult
+from harness.results.rows import FAILING, CellResult
 from harness.results.store import ResultsStore, RunInfo
 from harness.run.faultcheck import check_fault, check_fault_set
 from harness.run.parallel import default_jobs, execute
 from harness.run.runner import GoldenRuns, configure_torch, plan_cell
+from harness.sut import check_runnable
 from reference_impl.faults import FAULTS, UnknownFaultError, check_faults
 from reports.html import write_report
 from reports.junit import write_junit
@@ -81,6 +82,7 @@ def jobs_option(value: int | None) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.matrix, args.strength)
+    check_runnable(spec, args.device)
     faults = check_faults(args.inject_fault)
     jobs = jobs_option(args.jobs)
     generated = generate(spec)
@@ -116,7 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if interrupted:
         print(f"interrupted: {len(rows)} of {len(cells)} cells kept; --resume goes on from there", file=sys.stderr)
         return 130
-    return 1 if counts["fail"] or counts["error"] else 0
+    return 1 if any(counts[status] for status in FAILING) else 0
 
 
 def _run_cells(spec: MatrixSpec, cells: Sequence[Cell], done: set[str], faults: frozenset[str], goldens: GoldenRuns,
@@ -145,6 +147,7 @@ def _run_cells(spec: MatrixSpec, cells: Sequence[Cell], done: set[str], faults: 
 def cmd_kill(args: argparse.Namespace) -> int:
     """Inject each fault in turn and say whether exactly its trigger cells failed, by its oracle."""
     spec = load_spec(args.matrix, args.strength)
+    check_runnable(spec, args.device)
     names = sorted(check_faults(args.fault or list(FAULTS)))
     jobs = jobs_option(args.jobs)
     configure_torch()

@@ -17,9 +17,10 @@ from harness.matrix.file import load_spec
 from harness.matrix.model import Cell, MatrixError, generate
 from harness.matrix.selection import SelectionError, parse_shard, select_shard
 from harness.results.header import OPTIONS_BY_DEST, option_arguments, run_header
-from harness.results.rows import CellResult
+from harness.results.rows import FAILING, CellResult
 from harness.results.store import ResultsStore, RunInfo
 from harness.run.runner import GoldenRuns, configure_torch, run_cell
+from harness.sut import check_runnable
 from reference_impl.faults import UnknownFaultError, check_faults
 from reports.html import write_report
 
@@ -33,6 +34,7 @@ class MatrixSession:
         name, shard = config.getoption("matrix"), config.getoption("shard")
         try:
             self.spec = load_spec(name, config.getoption("strength"))
+            check_runnable(self.spec, config.getoption("device"))
             self.faults = check_faults(config.getoption("inject_fault"))
             self.cells = select_shard(generate(self.spec), parse_shard(shard, "--matrix-shard") if shard else None)
         except (MatrixError, UnknownFaultError, SelectionError) as exc:
@@ -116,7 +118,9 @@ class MatrixItem(pytest.Item):
         run = _session(self.config)
         result = run_cell(run.spec, self.cell, faults=run.faults, goldens=run.goldens)
         run.store.add(result)
-        if result.status in ("fail", "error"):
+        if result.status == "xfail":
+            pytest.xfail(f"declared known failure ({', '.join(result.expected['fails'])}): {result.expected['reason']}")
+        if result.status in FAILING:
             raise CellFailed(result)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:
@@ -125,6 +129,9 @@ class MatrixItem(pytest.Item):
         result = excinfo.value.result
         run = _session(self.config)
         lines = [f"cell {result.cell_id}: {result.status}"]
+        if result.status == "xpass":
+            lines += [f"  declared to fail {', '.join(result.expected['fails'])} ({result.expected['reason']}), "
+                      f"and passed: the [[expected]] entry is stale (strict)"]
         lines += [f"  {name}: {v.message}" for name, v in result.oracles.items() if v.status == "fail"]
         if result.error:
             lines += ["", result.error]

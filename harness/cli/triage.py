@@ -19,6 +19,7 @@ from harness.results.reader import RunData, load, planned, summarize, write_summ
 from harness.results.rows import write_lines
 from harness.run.probes import MAX_PROBED, locate, located_text
 from harness.run.runner import GoldenRuns, configure_torch, run_cell
+from harness.sut import check_runnable
 from reports.html import write_compare, write_report
 from reports.junit import write_junit
 
@@ -103,6 +104,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
         print(f"warning: {spec.path} changed since the run (sha256 differs); extra cells use it as it is now",
               file=sys.stderr)
     faults, device = frozenset(header.get("faults", [])), args.device or header.get("device", "cpu")
+    check_runnable(spec, device)
     configure_torch()
     goldens = GoldenRuns(device)
 

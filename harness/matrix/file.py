@@ -14,19 +14,19 @@ from pathlib import Path
 from types import MappingProxyType
 
 from fixtures.workloads import WORKLOADS
-from harness.matrix.levels import DEFAULT_GOLDEN
+from harness.matrix.levels import ENGINES, EngineLevels, LevelError
 from harness.matrix.model import (
     MODES, Constraint, MatrixSpec, WorkloadRule, check_strength, index_constraints, level_token,
     matrix_error, shown_path,
 )
-from reference_impl.registry import COMPONENTS, UnknownLevelError, check_level, import_path, known_factors
+from harness.matrix.declared import DECLARED_TABLES, parse_declared
 
 DEFAULT_TIMEOUT_S = 600.0
 #: the largest ``[cost]`` of a level: costs are relative, and sums over thousands of cells (and the
 #: cost ILP's coefficients) stay far from overflow and from HiGHS's numeric limits.
 MAX_COST = 1e6
-_TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger", "workloads")
-_MATRIX_KEYS = ("name", "description", "mode", "strength", "workloads", "timeout_s")
+_TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger", "workloads", *DECLARED_TABLES)
+_MATRIX_KEYS = ("name", "description", "engine", "mode", "strength", "workloads", "timeout_s")
 _CONSTRAINT_KEYS = ("forbid", "reason")
 _STRONGER_KEYS = ("factors", "strength")
 _WORKLOAD_KEYS = ("when", "run", "reason")
@@ -66,14 +66,17 @@ def load_matrix(
         raise matrix_error(path, "", f"TOML syntax error: {exc}") from exc
     _check_keys(path, "", doc, _TABLES)
     header = _parse_header(path, _table(path, doc, "matrix", required=True), known_workloads)
-    factors = _parse_factors(path, _table(path, doc, "factors", required=True))
-    golden = _parse_golden(path, _table(path, doc, "golden", required=False), dict(factors))
-    constraints = _parse_constraints(path, doc.get("constraints", []), dict(factors))
-    cost = _parse_cost(path, _table(path, doc, "cost", required=False), dict(factors))
+    engine = ENGINES[header["engine"]]
+    factors = _parse_factors(path, _table(path, doc, "factors", required=True), engine)
+    golden = _parse_golden(path, _table(path, doc, "golden", required=False), dict(factors), engine)
+    constraints = _parse_constraints(path, doc.get("constraints", []), dict(factors), engine)
+    cost = _parse_cost(path, _table(path, doc, "cost", required=False), dict(factors), engine)
     stronger = _parse_stronger(path, doc.get("stronger", []), dict(factors), header)
-    rules = _parse_workload_rules(path, doc.get("workloads", []), dict(factors), known_workloads)
+    rules = _parse_workload_rules(path, doc.get("workloads", []), dict(factors), known_workloads, engine)
+    declared = parse_declared(path, doc, dict(factors), lambda key, value: _parse_level_table(
+        path, key, value, dict(factors), engine))
     spec = MatrixSpec(path=path, factors=factors, constraints=constraints, golden=golden, cost=cost,
-                      stronger=stronger, workload_rules=rules, **header)
+                      stronger=stronger, workload_rules=rules, **declared, **header)
     if spec.strength is not None:
         check_strength(spec, spec.strength, "[matrix] strength")
     _check_golden_allowed(spec)
@@ -149,7 +152,11 @@ def _parse_header(
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise matrix_error(path, "[matrix] timeout_s", f"{timeout_s!r} is not a positive number of seconds")
     workloads = _parse_workloads(path, table.get("workloads", []), known_workloads)
-    return {"name": name, "description": description, "mode": mode, "strength": strength,
+    engine = table.get("engine", "reference")
+    _typed(path, "[matrix] engine", engine, (str,), "a string")
+    if engine not in ENGINES:
+        raise matrix_error(path, "[matrix] engine", f"unknown engine {engine!r} (engines: {', '.join(ENGINES)})")
+    return {"name": name, "description": description, "engine": engine, "mode": mode, "strength": strength,
             "workloads": workloads, "timeout_s": float(timeout_s)}
 
 
@@ -168,39 +175,38 @@ def _parse_workloads(
     return tuple(value)
 
 
-def _check_factor_name(path: Path, key: str, factor: str) -> None:
-    """Reject a factor the registry does not know."""
-    if factor not in known_factors():
-        raise matrix_error(path, key, f"unknown factor (known: {', '.join(known_factors())})")
+def _check_factor_name(path: Path, key: str, factor: str, engine: EngineLevels) -> None:
+    """Reject a factor the engine does not take."""
+    if factor not in engine.factors:
+        raise matrix_error(path, key, f"unknown factor of engine {engine.name!r} (known: {', '.join(engine.factors)})")
 
 
-def _check_registry_level(path: Path, key: str, factor: str, level: object) -> None:
-    """Reject a level the registry rejects, with its message; import an import-path level now, not at run time."""
+def _check_level(path: Path, key: str, factor: str, level: object, engine: EngineLevels) -> None:
+    """Reject a level the engine rejects, with its message (the reference imports an import-path level now)."""
     try:
-        check_level(factor, level)
-        if factor in COMPONENTS and isinstance(level, str) and level not in COMPONENTS[factor]:
-            import_path(level)
-    except UnknownLevelError as exc:
+        engine.check(factor, level)
+    except LevelError as exc:
         raise matrix_error(path, key, str(exc)) from exc
     except KeyError as exc:
-        raise matrix_error(path, key, f"unknown factor (known: {', '.join(known_factors())})") from exc
+        raise matrix_error(path, key, f"unknown factor of engine {engine.name!r} "
+                           f"(known: {', '.join(engine.factors)})") from exc
 
 
-def _parse_factors(path: Path, table: dict[str, object]) -> tuple[tuple[str, tuple[object, ...]], ...]:
+def _parse_factors(path: Path, table: dict[str, object], engine: EngineLevels) -> tuple[tuple[str, tuple[object, ...]], ...]:
     """Validate ``[factors]``: known factors, each with distinct valid levels and distinct id tokens."""
     if not table:
         raise matrix_error(path, "[factors]", "no factors (a matrix needs at least one)")
     factors = []
     for factor, levels in table.items():
         key = f"[factors] {factor}"
-        _check_factor_name(path, key, factor)
+        _check_factor_name(path, key, factor, engine)
         _typed(path, key, levels, (list,), "a list of levels")
         assert isinstance(levels, list)
         if not levels:
             raise matrix_error(path, key, "empty level list")
         tokens: dict[str, object] = {}
         for i, level in enumerate(levels):
-            _check_registry_level(path, key, factor, level)
+            _check_level(path, key, factor, level, engine)
             if level in levels[:i]:
                 raise matrix_error(path, key, f"duplicate level {level!r}")
             token = level_token(level)
@@ -215,12 +221,12 @@ def _parse_factors(path: Path, table: dict[str, object]) -> tuple[tuple[str, tup
 
 
 def _parse_golden(
-    path: Path, table: dict[str, object], factors: dict[str, tuple[object, ...]]
+    path: Path, table: dict[str, object], factors: dict[str, tuple[object, ...]], engine: EngineLevels
 ) -> Mapping[str, object]:
-    """Validate ``[golden]`` over ``DEFAULT_GOLDEN``: a matrix factor's golden level is one of its levels."""
+    """Validate ``[golden]`` over the engine's golden levels: a matrix factor's golden level is one of its levels."""
     for factor, level in table.items():
-        _check_factor_name(path, f"[golden] {factor}", factor)
-        _check_registry_level(path, f"[golden] {factor}", factor, level)
+        _check_factor_name(path, f"[golden] {factor}", factor, engine)
+        _check_level(path, f"[golden] {factor}", factor, level, engine)
     for factor, level in table.items():
         levels = factors.get(factor)
         if levels is None:
@@ -229,7 +235,7 @@ def _parse_golden(
         if not _among(level, levels):
             raise matrix_error(path, f"[golden] {factor}", f"golden level {level!r} is not one of the "
                                f"levels in [factors] (levels: {_levels_text(levels)})")
-    return MappingProxyType({**DEFAULT_GOLDEN, **table})
+    return MappingProxyType({**engine.golden, **table})
 
 
 def _among(level: object, levels: Sequence[object]) -> bool:
@@ -238,17 +244,17 @@ def _among(level: object, levels: Sequence[object]) -> bool:
 
 
 def _parse_constraints(
-    path: Path, value: object, factors: dict[str, tuple[object, ...]]
+    path: Path, value: object, factors: dict[str, tuple[object, ...]], engine: EngineLevels
 ) -> tuple[Constraint, ...]:
     """Validate every ``[[constraints]]`` entry."""
     if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
         raise matrix_error(path, "[[constraints]]", f"expected an array of tables, got {_describe(value)}")
-    return tuple(_parse_constraint(path, f"[[constraints]] #{i}", entry, factors)
+    return tuple(_parse_constraint(path, f"[[constraints]] #{i}", entry, factors, engine)
                  for i, entry in enumerate(value, start=1))
 
 
 def _parse_constraint(
-    path: Path, where: str, entry: dict[str, object], factors: dict[str, tuple[object, ...]]
+    path: Path, where: str, entry: dict[str, object], factors: dict[str, tuple[object, ...]], engine: EngineLevels
 ) -> Constraint:
     """Validate one constraint: a non-empty ``forbid`` over the matrix's levels and a reason."""
     _check_keys(path, where, entry, _CONSTRAINT_KEYS)
@@ -259,11 +265,11 @@ def _parse_constraint(
     _typed(path, f"{where} reason", reason, (str,), "a non-empty string")
     if not reason.strip():
         raise matrix_error(path, f"{where} reason", "empty reason (say why the combination is forbidden)")
-    return Constraint(forbid=_parse_level_table(path, f"{where} forbid", forbid, factors), reason=reason)
+    return Constraint(forbid=_parse_level_table(path, f"{where} forbid", forbid, factors, engine), reason=reason)
 
 
 def _parse_level_table(
-    path: Path, key: str, value: object, factors: dict[str, tuple[object, ...]]
+    path: Path, key: str, value: object, factors: dict[str, tuple[object, ...]], engine: EngineLevels
 ) -> Mapping[str, tuple[object, ...]]:
     """Validate a ``{ factor = level or [levels] }`` table (a constraint's ``forbid``, a workload entry's ``when``)."""
     _typed(path, key, value, (dict,), "a table of factor = level(s)")
@@ -274,7 +280,7 @@ def _parse_level_table(
     for factor, wanted in value.items():
         where = f"{key}.{factor}"
         if factor not in factors:
-            _check_factor_name(path, where, factor)
+            _check_factor_name(path, where, factor, engine)
             raise matrix_error(path, where, f"factor {factor!r} is not in [factors]")
         levels = factors[factor]
         listed = wanted if isinstance(wanted, list) else [wanted]
@@ -290,14 +296,14 @@ def _parse_level_table(
 
 
 def _parse_cost(
-    path: Path, table: dict[str, object], factors: dict[str, tuple[object, ...]]
+    path: Path, table: dict[str, object], factors: dict[str, tuple[object, ...]], engine: EngineLevels
 ) -> Mapping[str, Mapping[object, float]]:
     """Validate ``[cost]``: factor = { level = cost }, over the matrix's levels, each cost a positive number."""
     parsed: dict[str, Mapping[object, float]] = {}
     for factor, entry in table.items():
         key = f"[cost] {factor}"
         if factor not in factors:
-            _check_factor_name(path, key, factor)
+            _check_factor_name(path, key, factor, engine)
             raise matrix_error(path, key, f"factor {factor!r} is not in [factors]")
         _typed(path, key, entry, (dict,), "a table of level = cost")
         assert isinstance(entry, dict)
@@ -349,7 +355,8 @@ def _parse_stronger(
 
 
 def _parse_workload_rules(
-    path: Path, value: object, factors: dict[str, tuple[object, ...]], known: Collection[str] | None
+    path: Path, value: object, factors: dict[str, tuple[object, ...]], known: Collection[str] | None,
+    engine: EngineLevels,
 ) -> tuple[WorkloadRule, ...]:
     """Validate ``[[workloads]]``: each entry a ``when`` level table, a non-empty ``run`` list and a reason."""
     if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
@@ -367,7 +374,8 @@ def _parse_workload_rules(
         run = _parse_workloads(path, entry["run"], known, f"{where} run")
         if not run:
             raise matrix_error(path, f"{where} run", "empty (a cell needs at least one workload)")
-        rules.append(WorkloadRule(_parse_level_table(path, f"{where} when", entry["when"], factors), run, entry["reason"]))
+        when = _parse_level_table(path, f"{where} when", entry["when"], factors, engine)
+        rules.append(WorkloadRule(when, run, entry["reason"]))
     return tuple(rules)
 
 

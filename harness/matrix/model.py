@@ -40,6 +40,35 @@ class Constraint:
 
 
 @dataclass(frozen=True, slots=True)
+class Expected:
+    """``[[expected]]``: a declared known failure: cells matching ``when`` fail exactly ``fails``, for ``reason``."""
+
+    when: Mapping[str, tuple[object, ...]]
+    fails: tuple[str, ...]
+    reason: str
+
+    def matches(self, row: Mapping[str, object]) -> bool:
+        return all(row.get(factor) in levels for factor, levels in self.when.items())
+
+    def to_json(self) -> dict:
+        return {"when": {f: list(levels) for f, levels in self.when.items()}, "fails": list(self.fails),
+                "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerance:
+    """``[[tolerances]]``: a lossy level's declared tolerances: per-token logprob difference and the top-2 margin of a tie."""
+
+    when: Mapping[str, tuple[object, ...]]
+    logprobs: float | None
+    tie: float | None
+    reason: str
+
+    def matches(self, row: Mapping[str, object]) -> bool:
+        return all(row.get(factor) in levels for factor, levels in self.when.items())
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadRule:
     """``[[workloads]]``: cells whose every named factor is at a listed level run ``run`` instead of the default."""
 
@@ -102,6 +131,22 @@ class MatrixSpec:
     stronger: tuple[tuple[tuple[str, ...], int], ...] = ()
     #: ``[[workloads]]``: per-cell workloads by level, first match wins; other cells run ``workloads``.
     workload_rules: tuple[WorkloadRule, ...] = ()
+    #: the system under test (``[matrix] engine``): a name of ``harness.matrix.levels.ENGINES``.
+    engine: str = "reference"
+    #: ``[[expected]]``, ``[[tolerances]]``, ``[engine_args]`` (``harness.matrix.declared``).
+    expected: tuple[Expected, ...] = ()
+    tolerances: tuple[Tolerance, ...] = ()
+    engine_args: Mapping[str, object] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+
+    def expected_for(self, cell: Cell) -> Expected | None:
+        """The first ``[[expected]]`` entry ``cell`` matches: the known failure it is judged against, if any."""
+        row = cell.as_dict()
+        return next((entry for entry in self.expected if entry.matches(row)), None)
+
+    def tolerances_for(self, cell: Cell) -> tuple[Tolerance, ...]:
+        """Every ``[[tolerances]]`` entry ``cell`` matches (the loosest of each applies)."""
+        row = cell.as_dict()
+        return tuple(entry for entry in self.tolerances if entry.matches(row))
 
     def workloads_for(self, cell: Cell) -> tuple[str, ...]:
         """The workloads ``cell`` runs: those of the first ``[[workloads]]`` entry it matches, else ``workloads``."""

@@ -14,6 +14,9 @@ import pandas as pd
 
 from harness.results.frame import METRIC, failed_oracles, frame
 
+#: the statuses of a cell with a declared known failure ([[expected]]).
+DECLARED = ("xfail", "xpass")
+
 #: relative change past which a metric drifted, and the floor under the base value (tiny bases
 #: would turn noise into huge ratios: 0.01 s → 0.03 s is not a 200% slowdown worth a line).
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -45,6 +48,8 @@ class Comparison:
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     compared: int = 0
+    #: cells in both whose status moved to or from a declared known failure: cell, base status, new status
+    declared: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def compare(base: Sequence[Mapping], new: Sequence[Mapping],
@@ -65,6 +70,10 @@ def compare(base: Sequence[Mapping], new: Sequence[Mapping],
     before, after = failed_oracles(old), failed_oracles(now)
     out.still_failing = [(cell, before[cell], after[cell]) for cell in still]
     out.drift = _drift(old, now.loc[present], tolerances)
+    statuses = now[["status"]].join(old["status"].rename("before"), how="inner")
+    moved = statuses[(statuses["status"] != statuses["before"])
+                     & (statuses["status"].isin(DECLARED) | statuses["before"].isin(DECLARED))]
+    out.declared = [(cell, before, status) for cell, status, before in moved[["status", "before"]].itertuples()]
     return out
 
 
@@ -93,6 +102,8 @@ def text(c: Comparison, base_name: str, new_name: str) -> str:
              f"fixed: {len(c.fixed)}", *(f"  FIXED {cell}" for cell in c.fixed),
              f"still failing: {len(c.still_failing)}",
              *(f"  STILL {cell} ({was} → {now})" for cell, was, now in c.still_failing),
+             f"declared known failures that changed: {len(c.declared)}",
+             *(f"  {now.upper():5} {cell} ({was} → {now})" for cell, was, now in c.declared),
              f"metric drift past tolerance: {len(c.drift)}",
              *(f"  DRIFT {d.cell_id} {d.metric}: {d.base:g} → {d.new:g} ({d.change:+.1%})" for d in c.drift)]
     return "\n".join(lines)

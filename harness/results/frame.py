@@ -1,7 +1,8 @@
 """A run's rows as a pandas DataFrame: one row per cell, for the grid, compare, locate's tallies and a notebook.
 
 Columns: ``cell_id``, ``status``, ``failing`` (status fail or error), ``matrix``, ``run_id``, ``device``,
-``faults`` (a tuple), ``error`` (the traceback's last line), then ``factor.NAME`` for each factor (the
+``faults`` (a tuple), ``error`` (the traceback's last line); ``failing`` means the cell fails the run (fail, error,
+xpass), then ``factor.NAME`` for each factor (the
 level as the row holds it: a string, int or float), ``oracle.NAME`` for each oracle's verdict and
 ``metric.NAME`` for each numeric metric (nullable floats: ``<NA>`` where a cell lacks the metric, NaN
 where it recorded NaN, so a metric that went NaN is still told apart from one never measured).
@@ -16,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from harness.results.reader import load
-from harness.results.rows import as_float, error_line
+from harness.results.rows import FAILING, as_float, error_line
 
 FACTOR, ORACLE, METRIC = "factor.", "oracle.", "metric."
 
@@ -25,7 +26,7 @@ def frame(rows: Sequence[Mapping]) -> pd.DataFrame:
     """The rows (results.jsonl objects) as a DataFrame indexed by cell id, in row order."""
     records, metrics = [], {}
     for i, row in enumerate(rows):
-        record = {"cell_id": row["cell_id"], "status": row["status"], "failing": row["status"] in ("fail", "error"),
+        record = {"cell_id": row["cell_id"], "status": row["status"], "failing": row["status"] in FAILING,
                   "matrix": row.get("matrix"), "run_id": row.get("run_id"), "device": row.get("device"),
                   "faults": tuple(row.get("faults", ())), "error": error_line(row.get("error"))}
         record.update({FACTOR + name: level for name, level in row["factors"].items()})

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.results.files import PROBES, RESULTS, RUNS, SUMMARY
-from harness.results.rows import STATUSES, LineProblem, as_float, dumps, read_rows, write_atomic
+from harness.results.rows import FAILING, STATUSES, LineProblem, as_float, dumps, read_rows, write_atomic
 
 
 @dataclass(slots=True)
@@ -82,7 +82,7 @@ def summarize(rows: Sequence[dict], runs: Sequence[dict], cells_planned: int, st
         "cells_planned": cells_planned, "cells_done": len(rows),
         "counts": {status: counts.get(status, 0) for status in STATUSES},
         "oracle_failures": dict(sorted(oracle_failures.items())),
-        "failing_cells": sorted(r["cell_id"] for r in rows if r["status"] in ("fail", "error")),
+        "failing_cells": sorted(r["cell_id"] for r in rows if r["status"] in FAILING),
         "mean_accept_length": _accept_by_spec(rows),
         "wall_seconds": round(time.time() - started, 2) if started else None,
         "runs": list(runs),

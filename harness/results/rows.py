@@ -14,7 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-STATUSES = ("pass", "fail", "error", "skip")
+#: a cell's status; ``xfail`` (failed as its matrix declared) and ``xpass`` (passed where a failure was declared).
+STATUSES = ("pass", "fail", "error", "xfail", "xpass", "skip")
+#: the statuses that fail a run: an ``xpass`` does, as pytest's ``xfail(strict=True)``; an ``xfail`` does not.
+FAILING = ("fail", "error", "xpass")
 VERDICTS = ("pass", "fail", "skip")
 BOM = "\ufeff"
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -88,7 +91,7 @@ def row_problem(row: object) -> str | None:
                 ("oracles", (dict,), "an object"))
     optional = (("matrix", (str,), "a string"), ("metrics", (dict,), "an object"), ("faults", (list,), "a list"),
                 ("error", (str, type(None)), "a string or null"), ("run_id", (str,), "a string"),
-                ("device", (str,), "a string"))
+                ("device", (str,), "a string"), ("expected", (dict, type(None)), "an object or null"))
     for key, kinds, what in required:
         if key not in row:
             return f"missing key {key!r}"
@@ -194,10 +197,28 @@ class CellResult:
     metrics: dict[str, object] = field(default_factory=dict)
     faults: list[str] = field(default_factory=list)
     error: str | None = None
+    expected: dict | None = None  # the ``[[expected]]`` entry the cell matches: when, fails, reason
+
+    def failed(self) -> set[str]:
+        """What failed: the failing oracles' names, and ``error: Type`` for a cell that raised."""
+        failed = {name for name, verdict in self.oracles.items() if verdict.status == "fail"}
+        return failed | ({f"error: {error_type(self.error)}"} if self.status == "error" else set())
+
+    def settle(self) -> CellResult:
+        """Judge a cell with a declared known failure: ``xfail`` when it failed only as declared, ``xpass``
+        when nothing failed; failing in any other way stays ``fail`` or ``error``."""
+        if self.expected is not None and self.status in ("pass", "fail", "error"):
+            failed = self.failed()
+            if not failed:
+                self.status = "xpass"
+            elif failed <= set(self.expected["fails"]):
+                self.status = "xfail"
+        return self
 
     def to_json(self) -> dict:
-        return {
+        row = {
             "cell_id": self.cell_id, "matrix": self.matrix, "factors": self.factors, "status": self.status,
             "oracles": {name: v.to_json() for name, v in self.oracles.items()},
             "metrics": self.metrics, "faults": self.faults, "error": self.error,
         }
+        return {**row, "expected": self.expected} if self.expected is not None else row

@@ -58,6 +58,16 @@ class PassView:
     prompts: dict[str, tuple[int, ...]] = field(default_factory=dict)  # rid -> prompt submitted
     accept_band: tuple[float, float] | None = None  # the workload's measured mean accept length for this proposer
     counters: dict[str, int] | None = None         # the engine's own decode counters over this pass (EngineStats)
+    logprob_tolerance: float | None = None         # declared for the cell's lossy levels ([[tolerances]])
+    tie_tolerance: float | None = None
+
+    def tie(self) -> float:
+        """The top-2 margin under which a divergence is a tie: declared for the cell's levels, else the dtype's."""
+        return self.tie_tolerance if self.tie_tolerance is not None else TIE_TOLERANCE[self.dtype]
+
+    def logprob_tol(self) -> float:
+        """The largest logprob difference accepted: declared for the cell's levels, else the dtype's."""
+        return self.logprob_tolerance if self.logprob_tolerance is not None else LOGPROB_TOLERANCE[self.dtype]
 
     def by_rid(self) -> dict[str, RequestOutput]:
         return {o.rid: o for o in self.outputs}
@@ -99,7 +109,7 @@ def tokens_oracle(views: Sequence[PassView]) -> Verdict:
                      "expected": want.tokens[step], "got": out.tokens[step], "golden_margin": round(want.margins[step], 6),
                      "window_start": start, "expected_tokens": want.tokens[start : step + TOKEN_WINDOW[1]],
                      "got_tokens": out.tokens[start : step + TOKEN_WINDOW[1]]}
-            (ties if want.margins[step] < TIE_TOLERANCE[view.dtype] else findings).append(where)
+            (ties if want.margins[step] < view.tie() else findings).append(where)
     verdict = _verdict(
         "tokens", findings, f"all tokens equal golden ({len(ties)} ties)",
         lambda f: f"{len(f)} request(s) diverge from golden; first: {f[0]['workload']}/{f[0]['pass']} "
@@ -128,14 +138,14 @@ def logprobs_oracle(views: Sequence[PassView]) -> Verdict:
     worst = 0.0
     for view in views:
         golden = view.golden_by_rid()
-        tol = LOGPROB_TOLERANCE[view.dtype]
+        tol = view.logprob_tol()
         for out in view.outputs:
             want = golden.get(out.rid)
             if want is None:
                 continue
             stop = _first_divergence(out.tokens, want.tokens)
             steps = [(s, out.logprobs[s]) for s in range(min(len(out.logprobs), len(want.logprobs)) if stop is None else stop)]
-            if stop is not None and want.margins[stop] >= TIE_TOLERANCE[view.dtype]:
+            if stop is not None and want.margins[stop] >= view.tie():
                 steps.append((stop, _golden_token_logprob(out, want, stop)))
             for step, got in steps:
                 delta = float("inf") if got is None else abs(got - want.logprobs[step])

@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from fixtures.workloads import load_workload
 from harness.results.rows import CellResult
 from harness.run.runner import CellPlan, GoldenRuns, configure_torch, deadline, error_result, run_plan
 
@@ -82,8 +81,8 @@ def _worker(conn: Connection, parent_pid: int) -> None:
         kind, *args = message
         send_step = lambda what: conn.send(("step", what))  # noqa: E731
         if kind == "golden":
-            levels, workload, device, timeout_s = args
-            conn.send(("done", _golden(levels, workload, device, timeout_s)))
+            key, device, timeout_s = args
+            conn.send(("done", _golden(key, device, timeout_s)))
         else:
             plan, runs, device = args
             goldens = GoldenRuns(device)
@@ -92,11 +91,11 @@ def _worker(conn: Connection, parent_pid: int) -> None:
             conn.send(("done", run_plan(plan, goldens, send_step)))
 
 
-def _golden(levels: dict, workload: str, device: str, timeout_s: float) -> object:
+def _golden(key: tuple, device: str, timeout_s: float) -> object:
     """A golden run, or the traceback that stopped it (the cells that need it become ``error`` rows)."""
     try:
         with deadline(timeout_s):
-            return GoldenRuns(device).get(levels, load_workload(workload))
+            return GoldenRuns.compute(key, device)
     except Exception as exc:
         return "".join(traceback.format_exception(exc)).strip()
 
@@ -163,7 +162,7 @@ class _Pool:
             for i in order:
                 broken = next((failed[k] for k in plans[i].golden_keys() if k in failed), None)
                 if broken is not None:
-                    on_result(i, error_result(_result(plans[i]), f"golden run failed:\n{broken}", 0.0))
+                    on_result(i, error_result(plans[i].result(), f"golden run failed:\n{broken}", 0.0))
                 else:
                     needed = plans[i].golden_keys()
                     cells.append(_Task("cell", i, ("cell", plans[i], goldens.runs(needed), self.device), plans[i].timeout_s))
@@ -178,8 +177,7 @@ class _Pool:
                  goldens: GoldenRuns) -> dict[tuple, str]:
         """Compute each golden run once, in the workers; return the keys that failed, with why."""
         timeout = max((plans[i].timeout_s for i in order), default=0.0)
-        tasks = [_Task("golden", n, ("golden", dict(levels), workload, self.device, timeout), timeout)
-                 for n, (levels, workload) in enumerate(keys)]
+        tasks = [_Task("golden", n, ("golden", key, self.device, timeout), timeout) for n, key in enumerate(keys)]
         failed: dict[tuple, str] = {}
 
         def done(task: _Task, outcome: object) -> None:
@@ -240,13 +238,8 @@ class _Died:
     why: str
 
 
-def _result(plan: CellPlan) -> CellResult:
-    return CellResult(cell_id=plan.cell_id, matrix=plan.matrix, factors=plan.levels, status="pass",
-                      faults=sorted(plan.faults))
-
-
 def _cell_outcome(plan: CellPlan, outcome: object) -> CellResult:
     """A worker's CellResult as it is, or the ``error`` row of a cell whose worker died or was killed."""
     if isinstance(outcome, _Died):
-        return error_result(_result(plan), f"{outcome.why} while running this cell", 0.0)
+        return error_result(plan.result(), f"{outcome.why} while running this cell", 0.0)
     return outcome

@@ -1,13 +1,14 @@
 """Runner: build the engine of a cell, run its workloads cold then warm, judge it, never crash."""
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -17,8 +18,8 @@ from harness.matrix.levels import engine_levels
 from harness.matrix.model import Cell, MatrixSpec
 from harness.results.rows import CellResult
 from harness.run.oracles import PASSES, PassView, judge
-from harness.sut.base import PassResult, Session, SystemUnderTest, Totals, Traits
-from harness.sut.reference import ReferenceSession
+from harness.sut import opened
+from harness.sut.base import CellEngine, PassResult, Session, SystemUnderTest, Totals, Traits
 from reference_impl.request import TIERS, RequestOutput
 from reference_impl.spec.verify import outputs_accept_stats
 
@@ -60,15 +61,22 @@ class WorkloadRun:
 
 def run_workload(
     levels: Mapping[str, object], workload: Workload, faults: frozenset[str], device: str = "cpu",
-    on_step: Callable[[str], None] | None = None,
+    on_step: Callable[[str], None] | None = None, *, engine: str = "reference",
+    engine_args: Mapping[str, object] | None = None,
 ) -> WorkloadRun:
-    """Run ``workload`` cold then warm on a fresh system; in deterministic mode also each request alone.
+    """Run ``workload`` on an engine brought up for it alone (a golden run, a test)."""
+    with opened(engine, levels, faults, device, engine_args or {}) as cell_engine:
+        return serve_workload(cell_engine, workload, on_step)
+
+
+def serve_workload(engine: CellEngine, workload: Workload, on_step: Callable[[str], None] | None = None) -> WorkloadRun:
+    """Run ``workload`` cold then warm on a fresh system of ``engine``; in deterministic mode also each request alone.
 
     ``on_step`` hears each pass as it starts (``system_prompt/warm``): the progress line shows it.
     """
     step = on_step or (lambda what: None)
     started = time.perf_counter()
-    session = ReferenceSession(levels, workload, faults, device)
+    session = engine.session(workload)
     try:
         system = session.open()
         try:
@@ -129,21 +137,32 @@ class GoldenRuns:
         self.reused = 0
 
     @staticmethod
-    def key(levels: Mapping[str, object], workload: str) -> tuple:
-        """The identity of a golden run: every engine level (defaults filled in) and the workload's name."""
-        return tuple(sorted(engine_levels(levels).items(), key=lambda kv: kv[0])), workload
+    def key(levels: Mapping[str, object], workload: str, engine: str = "reference",
+            engine_args: Mapping[str, object] | None = None) -> tuple:
+        """The identity of a golden run: the engine and its ``[engine_args]``, every level (defaults filled in),
+        and the workload's name."""
+        full = tuple(sorted(engine_levels(levels, engine).items(), key=lambda kv: kv[0]))
+        return engine, json.dumps(dict(engine_args or {}), sort_keys=True), full, workload
 
     def __contains__(self, key: tuple) -> bool:
         return key in self._runs
 
-    def get(self, levels: Mapping[str, object], workload: Workload) -> WorkloadRun:
-        key = self.key(levels, workload.name)
+    def get(self, levels: Mapping[str, object], workload: Workload, engine: str = "reference",
+            engine_args: Mapping[str, object] | None = None) -> WorkloadRun:
+        key = self.key(levels, workload.name, engine, engine_args)
         if key in self._runs:
             self.reused += 1
         else:
-            self._runs[key] = run_workload(levels, workload, frozenset(), self.device)
+            self._runs[key] = self.compute(key, self.device, workload)
             self.computed += 1
         return self._runs[key]
+
+    @staticmethod
+    def compute(key: tuple, device: str, workload: Workload | None = None) -> WorkloadRun:
+        """The golden run ``key`` names, on ``device``: no fault, on an engine of its own."""
+        engine, engine_args, levels, name = key
+        return run_workload(dict(levels), workload or load_workload(name), frozenset(), device, engine=engine,
+                            engine_args=json.loads(engine_args))
 
     def put(self, key: tuple, run: WorkloadRun) -> None:
         """Keep a golden run computed elsewhere."""
@@ -182,7 +201,8 @@ def _expected(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]:
             for rid, e in ceiling.items()}
 
 
-def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | None) -> list[PassView]:
+def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | None,
+           tolerances: Mapping[str, float]) -> list[PassView]:
     traits, requests = run.traits, run.workload.requests
     views = []
     for name, record in run.passes.items():
@@ -197,7 +217,8 @@ def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | Non
             max_accept_length=traits.num_draft_tokens + 1, aborts_allowed=traits.aborts_allowed, spec=traits.spec,
             prompts={r.rid: r.prompt for r in requests},
             accept_band=accept_band(run.workload.name, traits.model, traits.spec, traits.num_draft_tokens),
-            counters=record.counters or None,
+            counters=record.counters or None, logprob_tolerance=tolerances.get("logprobs"),
+            tie_tolerance=tolerances.get("tie"),
         ))
     return views
 
@@ -247,9 +268,10 @@ def _spec_metrics(runs: list[WorkloadRun]) -> dict[str, object]:
     }
 
 
-def spec_golden_levels(levels: Mapping[str, object], golden_levels: Mapping[str, object]) -> dict[str, object] | None:
+def spec_golden_levels(levels: Mapping[str, object], golden_levels: Mapping[str, object],
+                       engine: str = "reference") -> dict[str, object] | None:
     """The accept_length oracle's reference: golden levels with the cell's spec algorithm; None without spec."""
-    full = engine_levels(levels)
+    full = engine_levels(levels, engine)
     if full["spec"] == "none":
         return None
     return {**golden_levels, "spec": full["spec"], "num_draft_tokens": full["num_draft_tokens"]}
@@ -267,23 +289,41 @@ class CellPlan:
     workloads: tuple[str, ...]
     timeout_s: float
     faults: frozenset[str]
+    engine: str = "reference"
+    engine_args: dict[str, object] = field(default_factory=dict)
+    expected: dict | None = None    # the ``[[expected]]`` entry the cell matches (Expected.to_json())
+    tolerances: dict[str, float] = field(default_factory=dict)  # ``[[tolerances]]`` it matches: logprobs, tie
 
     def golden_keys(self) -> list[tuple]:
         """The golden runs this cell reads, one lookup each, in the order ``run_plan`` reads them."""
         keys = []
         for name in self.workloads:
-            keys.append(GoldenRuns.key(self.golden_levels, name))
+            keys.append(GoldenRuns.key(self.golden_levels, name, self.engine, self.engine_args))
             if self.spec_levels is not None:
-                keys.append(GoldenRuns.key(self.spec_levels, name))
+                keys.append(GoldenRuns.key(self.spec_levels, name, self.engine, self.engine_args))
         return keys
+
+    def result(self) -> CellResult:
+        """The cell's row before it runs: a pass until something says otherwise."""
+        return CellResult(cell_id=self.cell_id, matrix=self.matrix, factors=self.levels, status="pass",
+                          faults=sorted(self.faults), expected=self.expected)
 
 
 def plan_cell(spec: MatrixSpec, cell: Cell, faults: frozenset[str]) -> CellPlan:
     """The plan of ``cell``: its levels, its golden cell's, its workloads (``[[workloads]]``) and timeout."""
     levels = cell.as_dict()
     golden_levels = {**spec.golden, **spec.golden_of(cell).as_dict()}
-    return CellPlan(cell.cell_id, spec.name, levels, golden_levels, spec_golden_levels(levels, golden_levels),
-                    spec.workloads_for(cell), spec.timeout_s, frozenset(faults))
+    expected = spec.expected_for(cell)
+    tolerances = {}
+    for entry in spec.tolerances_for(cell):  # the loosest declared tolerance of each kind applies
+        for kind in ("logprobs", "tie"):
+            value = getattr(entry, kind)
+            if value is not None:
+                tolerances[kind] = max(value, tolerances.get(kind, 0.0))
+    return CellPlan(cell.cell_id, spec.name, levels, golden_levels,
+                    spec_golden_levels(levels, golden_levels, spec.engine), spec.workloads_for(cell), spec.timeout_s,
+                    frozenset(faults), spec.engine, dict(spec.engine_args),
+                    expected.to_json() if expected else None, tolerances)
 
 
 def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: GoldenRuns,
@@ -293,38 +333,46 @@ def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: G
 
 
 def run_plan(plan: CellPlan, goldens: GoldenRuns, on_step: Callable[[str], None] | None = None) -> CellResult:
-    """Run and judge one planned cell; an exception or a timeout becomes ``error``."""
-    levels, faults = plan.levels, plan.faults
-    cell_is_golden = not faults and engine_levels(levels) == engine_levels(plan.golden_levels)
+    """Run and judge one planned cell, its engine brought up once for all its workloads; an exception or a
+    timeout becomes ``error``; a declared known failure settles the status (``xfail``, ``xpass``)."""
+    levels, faults, engine = plan.levels, plan.faults, plan.engine
+    full = engine_levels(levels, engine)
+    cell_is_golden = not faults and full == engine_levels(plan.golden_levels, engine)
     cell_is_spec_golden = (not faults and plan.spec_levels is not None
-                           and engine_levels(levels) == engine_levels(plan.spec_levels))
-    result = CellResult(cell_id=plan.cell_id, matrix=plan.matrix, factors=levels, status="pass", faults=sorted(faults))
+                           and full == engine_levels(plan.spec_levels, engine))
+    result = plan.result()
     started = time.perf_counter()
     golden_seconds = 0.0
     try:
-        with deadline(plan.timeout_s):
+        with deadline(plan.timeout_s), ExitStack() as stack:
             runs, own_runs, views = [], [], []
+            cell_engine = None
             for name in plan.workloads:
                 workload = load_workload(name)
                 before = time.perf_counter()
                 if on_step:
                     on_step(f"{name}/golden")
-                golden = goldens.get(plan.golden_levels, workload)
-                spec_golden = goldens.get(plan.spec_levels, workload) if plan.spec_levels else None
+                golden = goldens.get(plan.golden_levels, workload, engine, plan.engine_args)
+                spec_golden = (goldens.get(plan.spec_levels, workload, engine, plan.engine_args)
+                               if plan.spec_levels else None)
                 golden_seconds += time.perf_counter() - before
-                reuse = golden if cell_is_golden else spec_golden if cell_is_spec_golden else None
-                run = reuse or run_workload(levels, workload, faults, goldens.device, on_step)
-                runs.append(run)
-                if run is not reuse:
+                run = golden if cell_is_golden else spec_golden if cell_is_spec_golden else None
+                if run is None:
+                    if cell_engine is None:
+                        cell_engine = stack.enter_context(opened(engine, levels, faults, goldens.device, plan.engine_args))
+                    run = serve_workload(cell_engine, workload, on_step)
                     own_runs.append(run)
-                views.extend(_views(run, golden, spec_golden))
+                runs.append(run)
+                views.extend(_views(run, golden, spec_golden, plan.tolerances))
             result.oracles = judge(views)
     except Exception as exc:  # a crashing cell is a finding, not the end of the run
         return error_result(result, "".join(traceback.format_exception(exc)).strip(), time.perf_counter() - started)
     result.status = "fail" if any(v.status == "fail" for v in result.oracles.values()) else "pass"
     result.metrics = {**_metrics(runs, own_runs, time.perf_counter() - started, golden_seconds),
                       "workloads": list(plan.workloads)}
-    return result
+    if plan.tolerances:
+        result.metrics["tolerances"] = dict(plan.tolerances)
+    return result.settle()
 
 
 def error_result(result: CellResult, error: str, wall: float) -> CellResult:
@@ -333,7 +381,7 @@ def error_result(result: CellResult, error: str, wall: float) -> CellResult:
     result.error = error
     result.oracles = {}
     result.metrics = {"wall_seconds": round(wall, 4)}
-    return result
+    return result.settle()
 
 
 def configure_torch() -> None:

@@ -1,6 +1,7 @@
 """The system under test: the one narrow protocol the runner drives, whatever engine answers it.
 
-The runner opens a system from a cell's levels, serves it one pass of requests at a time
+The runner brings up a cell's engine once (``CellEngine``), opens a session per workload and in it
+a system (``SystemUnderTest``) per pass group from the cell's levels, serves it one pass of requests at a time
 (token-id prompts, greedy, top-2 logprobs), reads per request the tokens, logprobs and top-2
 margin, per-tier cached tokens and finish reason (``reference_impl.request.RequestOutput``), and
 per pass the engine's decode counters; it asks for the idle engine's audit after each pass and
@@ -84,5 +85,14 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
-#: an engine kind: a cell's levels, a workload, the faults to inject and the device → a session.
-OpenSession = Callable[[Mapping[str, object], Workload, frozenset[str], str], Session]
+class CellEngine(Protocol):
+    """The engine of one cell, brought up once for all its workloads (for a real engine: one child process)
+    and closed when the cell ends, whatever happened; each workload opens a session on it."""
+
+    def session(self, workload: Workload) -> Session: ...
+
+    def close(self) -> None: ...
+
+
+#: an engine kind: a cell's levels, the faults to inject, the device and the matrix's ``[engine_args]``.
+OpenEngine = Callable[[Mapping[str, object], frozenset[str], str, Mapping[str, object]], CellEngine]

@@ -89,6 +89,22 @@ def _counted(before: EngineStats, after: EngineStats, names: Sequence[str]) -> d
     return {name: getattr(after, name) - getattr(before, name) for name in names}
 
 
+class ReferenceEngine:
+    """The reference engine of one cell: nothing to bring up, a fresh configuration per workload."""
+
+    def __init__(self, levels: Mapping[str, object], faults: frozenset[str], device: str,
+                 engine_args: Mapping[str, object]) -> None:
+        if engine_args:
+            raise ValueError(f"the reference engine takes no [engine_args] (got {', '.join(engine_args)})")
+        self.levels, self.faults, self.device = levels, faults, device
+
+    def session(self, workload: Workload) -> ReferenceSession:
+        return ReferenceSession(self.levels, workload, self.faults, self.device)
+
+    def close(self) -> None:
+        pass
+
+
 class ReferenceSession:
     """The reference systems of one cell and workload: one config, a store namespace of the session's own.
 

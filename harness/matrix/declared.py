@@ -1,0 +1,97 @@
+"""What a matrix file declares about its engine beyond the factors: known failures, lossy levels' tolerances,
+and engine arguments passed through to every cell.
+
+``[[expected]]`` names a real engine's real bug: a cell pattern (``when``), what fails (an oracle, or
+``error: ExceptionType``) and why (an upstream issue or a sentence). A matching cell that fails that way
+is ``xfail``; one that passes is ``xpass`` and fails the run (strict, as pytest's ``xfail(strict=True)``);
+one that fails another way fails. A failing combination stays in the matrix and in the report:
+declaring it is how a run goes green, never constraining it out.
+
+``[[tolerances]]`` gives a lossy level (fp8 KV, bf16) the logprob and tie tolerances it is judged with,
+with the reason; the report shows them. A tolerance is never set in code.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+from harness.matrix.model import Expected, Tolerance, matrix_error
+
+DECLARED_TABLES = ("expected", "tolerances", "engine_args")
+#: what ``fails`` may name: the oracles (harness.run.oracles.ORACLES holds exactly these), or an error type.
+ORACLE_NAMES = ("tokens", "logprobs", "nan", "cached_tokens", "batch_invariance", "completeness", "pool_audit",
+                "accept_length", "cross_engine")
+_ERROR = re.compile(r"error: [A-Za-z_][A-Za-z0-9_]*")
+_EXPECTED_KEYS = ("when", "fails", "reason")
+_TOLERANCE_KEYS = ("when", "logprobs", "tie", "reason")
+
+LevelTable = Callable[[str, object], Mapping[str, tuple[object, ...]]]
+
+
+def parse_declared(path: Path, doc: Mapping[str, object], factors: Mapping[str, tuple[object, ...]],
+                   level_table: LevelTable) -> dict[str, object]:
+    """The MatrixSpec fields of ``[[expected]]``, ``[[tolerances]]`` and ``[engine_args]``."""
+    return {"expected": tuple(_expected(path, f"[[expected]] #{i}", entry, level_table)
+                              for i, entry in enumerate(_entries(path, doc, "expected"), start=1)),
+            "tolerances": tuple(_tolerance(path, f"[[tolerances]] #{i}", entry, level_table)
+                                for i, entry in enumerate(_entries(path, doc, "tolerances"), start=1)),
+            "engine_args": _engine_args(path, doc.get("engine_args", {}))}
+
+
+def _entries(path: Path, doc: Mapping[str, object], table: str) -> list[dict]:
+    value = doc.get(table, [])
+    if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
+        raise matrix_error(path, f"[[{table}]]", f"expected an array of tables, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _keys(path: Path, where: str, entry: Mapping[str, object], allowed: tuple[str, ...], required: tuple[str, ...]) -> None:
+    for key in entry:
+        if key not in allowed:
+            raise matrix_error(path, f"{where} {key}", f"unknown key (known: {', '.join(allowed)})")
+    for key in required:
+        if key not in entry:
+            raise matrix_error(path, f"{where} {key}", "missing required key")
+
+
+def _reason(path: Path, where: str, reason: object, what: str) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        raise matrix_error(path, f"{where} reason", f"needs a non-empty string ({what})")
+    return reason
+
+
+def _expected(path: Path, where: str, entry: dict, level_table: LevelTable) -> Expected:
+    _keys(path, where, entry, _EXPECTED_KEYS, _EXPECTED_KEYS)
+    fails = entry["fails"] if isinstance(entry["fails"], list) else [entry["fails"]]
+    if not fails:
+        raise matrix_error(path, f"{where} fails", "empty (name the oracle or the error type that fails)")
+    for name in fails:
+        if not isinstance(name, str) or not (name in ORACLE_NAMES or _ERROR.fullmatch(name)):
+            raise matrix_error(path, f"{where} fails", f"{name!r} is neither an oracle ({', '.join(ORACLE_NAMES)}) "
+                               f"nor 'error: ExceptionType'")
+    reason = _reason(path, where, entry["reason"], "the upstream issue, or a sentence saying why")
+    return Expected(level_table(f"{where} when", entry["when"]), tuple(fails), reason)
+
+
+def _tolerance(path: Path, where: str, entry: dict, level_table: LevelTable) -> Tolerance:
+    _keys(path, where, entry, _TOLERANCE_KEYS, ("when", "reason"))
+    values = {}
+    for key in ("logprobs", "tie"):
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise matrix_error(path, f"{where} {key}", f"must be a positive number, got {value!r}")
+        values[key] = None if value is None else float(value)
+    if values["logprobs"] is None and values["tie"] is None:
+        raise matrix_error(path, where, "declares neither logprobs nor tie")
+    reason = _reason(path, where, entry["reason"], "why this level is lossy")
+    return Tolerance(level_table(f"{where} when", entry["when"]), values["logprobs"], values["tie"], reason)
+
+
+def _engine_args(path: Path, table: object) -> Mapping[str, object]:
+    if not isinstance(table, dict):
+        raise matrix_error(path, "[engine_args]", f"expected a table, got {type(table).__name__}")
+    return MappingProxyType(dict(table))
