@@ -1,0 +1,204 @@
+"""Hugging Face checkpoints that other engines serve, built locally from a seed at first use.
+
+``dense`` is the reference's own dense model (reference_impl.config.DENSE) exported as a
+LlamaForCausalLM with the same function, so a cross-engine oracle can judge vLLM's tokens against
+the reference's. The others are seeded random weights in formats vLLM loads: ``hybrid`` (an
+attention + Mamba2 GraniteMoeHybrid), ``draft`` (a one-layer Llama on the dense vocabulary, for
+spec = draft) and ``eagle`` (an EAGLE-1 head for the dense model, vLLM's EagleLlamaForCausalLM).
+
+A checkpoint lands in ``$KVMATRIX_CHECKPOINTS`` (default ``~/.cache/kvmatrix/checkpoints``) under
+``<name>-<hash>``, the hash covering its config and recipe, so a change to either builds a new
+directory instead of serving a stale one. It is written to a temporary directory and renamed into
+place, so parallel workers building the same checkpoint never see half of one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from harness.engines.safetensors_file import save_file
+from reference_impl.config import DENSE, ModelConfig
+from reference_impl.model.tiny_lm import load_model
+
+#: environment variable that moves the checkpoint cache.
+CACHE_ENV = "KVMATRIX_CHECKPOINTS"
+#: bump when a recipe changes in a way its config does not show (a new weight layout, another init).
+RECIPE_VERSION = 1
+#: the dense model both engines serve: DENSE with head_dim 32, the one change vLLM's CPU attention needs
+#: (head_dim 16 starts, then every forward fails with "Unsupported CPU attention configuration:
+#: head_dim=16 isa=2 kv_cache_idx=0"; its kernels start at 32). The reference serves any head_dim.
+SERVED_DENSE = replace(DENSE, head_dim=32)
+#: longest sequence the exported configs declare; workloads stay far below it.
+MAX_POSITIONS = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """How to build one checkpoint: its config.json and a function giving its tensors."""
+
+    name: str
+    config: dict
+    tensors: Callable[[], dict[str, torch.Tensor]]
+    #: what defines the weights beyond the config (the reference ModelConfig, a seed)
+    source: str
+
+    def key(self) -> str:
+        text = json.dumps({"config": self.config, "source": self.source, "version": RECIPE_VERSION}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    """Where built checkpoints live: ``$KVMATRIX_CHECKPOINTS`` or ``~/.cache/kvmatrix/checkpoints``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kvmatrix" / "checkpoints")
+
+
+def checkpoint_dir(name_or_path: str) -> Path:
+    """The directory of checkpoint ``name_or_path``: a built-in name (built on first use) or a user's path."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"checkpoint {name_or_path!r}: the directory has no config.json")
+        return path
+    if name_or_path not in RECIPES:
+        raise KeyError(f"unknown checkpoint {name_or_path!r}: neither a directory nor one of {', '.join(RECIPES)}")
+    return build(RECIPES[name_or_path]())
+
+
+def build(recipe: Recipe) -> Path:
+    """Build ``recipe`` into the cache unless it is there already; returns its directory."""
+    target = cache_root() / f"{recipe.name}-{recipe.key()}"
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{recipe.name}-", dir=target.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
+    try:
+        (staging / "config.json").write_text(json.dumps(recipe.config, indent=2, sort_keys=True) + "\n")
+        save_file(recipe.tensors(), staging / "model.safetensors")
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "model.safetensors").is_file():  # not a parallel builder that won the race
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+# -- dense: the reference model as a Llama -------------------------------------------------------
+def llama_config(cfg: ModelConfig, *, architecture: str = "LlamaForCausalLM") -> dict:
+    """A Llama config.json with ``cfg``'s function.
+
+    The reference applies RoPE in rotate-half form with frequencies theta^(-i/half), which is
+    exactly HF Llama's (and vLLM's neox-style) convention, so q/k need no permutation; its GQA
+    maps query head h to KV head h // group, as HF's repeat_kv does; its LM head is untied.
+    """
+    return {
+        "architectures": [architecture],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden,
+        "intermediate_size": cfg.ffn,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": MAX_POSITIONS,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "torch_dtype": "float32",
+    }
+
+
+def dense_tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The reference TinyLM's weights for ``cfg`` under HF Llama names (every one is ``x @ W.T``, as nn.Linear)."""
+    if cfg.is_hybrid:
+        raise ValueError(f"dense export: model {cfg.name!r} has Mamba2 layers; only all-attention models map to Llama")
+    model = load_model(cfg, "cpu", torch.float32)
+    out = {"model.embed_tokens.weight": model.embed, "model.norm.weight": model.final_norm, "lm_head.weight": model.lm_head}
+    for i, (block, mlp) in enumerate(zip(model.blocks, model.mlps)):
+        prefix = f"model.layers.{i}."
+        attn = block.mixer
+        out |= {
+            prefix + "input_layernorm.weight": block.norm1,
+            prefix + "post_attention_layernorm.weight": block.norm2,
+            prefix + "self_attn.q_proj.weight": attn.wq,
+            prefix + "self_attn.k_proj.weight": attn.wk,
+            prefix + "self_attn.v_proj.weight": attn.wv,
+            prefix + "self_attn.o_proj.weight": attn.wo,
+            prefix + "mlp.gate_proj.weight": mlp.w_gate,
+            prefix + "mlp.up_proj.weight": mlp.w_up,
+            prefix + "mlp.down_proj.weight": mlp.w_down,
+        }
+    return {name: t.detach().clone() for name, t in out.items()}
+
+
+def dense_recipe(cfg: ModelConfig = SERVED_DENSE) -> Recipe:
+    """The reference model ``cfg`` (default: SERVED_DENSE) as a LlamaForCausalLM checkpoint."""
+    return Recipe(cfg.name, llama_config(cfg), lambda: dense_tensors(cfg), source=repr(cfg))
+
+
+# -- seeded random checkpoints ---------------------------------------------------------------------
+def _randn(gen: torch.Generator, *shape: int, gain: float = 1.0) -> torch.Tensor:
+    """Gaussian weights scaled by 1/sqrt(fan_in), so activations stay O(1) through the layers."""
+    return torch.randn(shape, generator=gen) * gain / math.sqrt(shape[-1])
+
+
+def _llama_layer(gen: torch.Generator, prefix: str, cfg: ModelConfig, *, input_norm: bool = True) -> dict[str, torch.Tensor]:
+    h, q, kv = cfg.hidden, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    out = {
+        prefix + "self_attn.q_proj.weight": _randn(gen, q, h),
+        prefix + "self_attn.k_proj.weight": _randn(gen, kv, h),
+        prefix + "self_attn.v_proj.weight": _randn(gen, kv, h),
+        prefix + "self_attn.o_proj.weight": _randn(gen, h, q),
+        prefix + "mlp.gate_proj.weight": _randn(gen, cfg.ffn, h),
+        prefix + "mlp.up_proj.weight": _randn(gen, cfg.ffn, h),
+        prefix + "mlp.down_proj.weight": _randn(gen, h, cfg.ffn),
+        prefix + "post_attention_layernorm.weight": torch.ones(h),
+    }
+    if input_norm:
+        out[prefix + "input_layernorm.weight"] = torch.ones(h)
+    return out
+
+
+#: the draft model: DENSE's vocabulary and attention shape, one layer, its own seed.
+DRAFT = replace(SERVED_DENSE, name="draft", layer_types=("attention",), seed=4321)
+
+
+def draft_tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A seeded random one-layer Llama (spec = draft needs a separate model on the target's vocabulary)."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    out = {
+        "model.embed_tokens.weight": torch.randn(cfg.vocab_size, cfg.hidden, generator=gen),
+        "model.norm.weight": torch.ones(cfg.hidden),
+        "lm_head.weight": _randn(gen, cfg.vocab_size, cfg.hidden),
+    }
+    for i in range(cfg.num_layers):
+        out |= _llama_layer(gen, f"model.layers.{i}.", cfg)
+    return out
+
+
+def draft_recipe() -> Recipe:
+    return Recipe("draft", llama_config(DRAFT), lambda: draft_tensors(DRAFT), source=repr(DRAFT))
+
+
+RECIPES: dict[str, Callable[[], Recipe]] = {
+    "dense": dense_recipe,
+    "draft": draft_recipe,
+}
