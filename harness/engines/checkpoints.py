@@ -198,7 +198,113 @@ def draft_recipe() -> Recipe:
     return Recipe("draft", llama_config(DRAFT), lambda: draft_tensors(DRAFT), source=repr(DRAFT))
 
 
+# -- hybrid: attention + Mamba2 -------------------------------------------------------------------
+#: seed of the hybrid checkpoint's weights
+HYBRID_SEED = 2718
+
+
+def hybrid_config() -> dict:
+    """A GraniteMoeHybrid of the reference HYBRID's layout (attention, mamba, attention, mamba).
+
+    No routed experts (num_local_experts 0), so every layer's MLP is the dense shared SwiGLU;
+    2 heads of 64/2 = 32 (GraniteMoeHybrid derives head_dim from hidden_size, and vLLM's CPU
+    attention needs 32); Mamba2 with 8 heads of 16, one group, d_state 16, as the reference's mixer.
+    """
+    return {
+        "architectures": ["GraniteMoeHybridForCausalLM"],
+        "model_type": "granitemoehybrid",
+        "layer_types": ["attention", "mamba", "attention", "mamba"],
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 128,
+        "shared_intermediate_size": 128,
+        "num_local_experts": 0,
+        "num_experts_per_tok": 0,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "position_embedding_type": "rope",
+        "rope_theta": 10000.0,
+        "max_position_embeddings": MAX_POSITIONS,
+        "attention_bias": False,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_n_groups": 1,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_chunk_size": 256,
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "embedding_multiplier": 1.0,
+        "residual_multiplier": 1.0,
+        "attention_multiplier": 1.0 / math.sqrt(32),
+        "logits_scaling": 1.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "torch_dtype": "float32",
+    }
+
+
+def _mamba2_layer(gen: torch.Generator, prefix: str, c: dict) -> dict[str, torch.Tensor]:
+    """A Mamba2 mixer under HF names; A and Δ drawn as Mamba2's own init (A in [1, 16], Δ in [1e-3, 0.1])."""
+    h, nheads, d_state = c["hidden_size"], c["mamba_n_heads"], c["mamba_d_state"]
+    d_inner = c["mamba_expand"] * h
+    conv_dim = d_inner + 2 * c["mamba_n_groups"] * d_state
+    dt = torch.exp(torch.rand(nheads, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+    return {
+        prefix + "in_proj.weight": _randn(gen, 2 * d_inner + 2 * c["mamba_n_groups"] * d_state + nheads, h),
+        prefix + "conv1d.weight": _randn(gen, conv_dim, 1, c["mamba_d_conv"]),
+        prefix + "conv1d.bias": torch.zeros(conv_dim),
+        prefix + "dt_bias": dt + torch.log(-torch.expm1(-dt)),  # softplus(dt_bias) = dt
+        prefix + "A_log": torch.log(1 + 15 * torch.rand(nheads, generator=gen)),
+        prefix + "D": torch.ones(nheads),
+        prefix + "norm.weight": torch.ones(d_inner),
+        prefix + "out_proj.weight": _randn(gen, h, d_inner),
+    }
+
+
+def hybrid_tensors(c: dict, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded random weights for ``hybrid_config()`` under HF GraniteMoeHybrid names."""
+    gen = torch.Generator().manual_seed(seed)
+    h, ffn = c["hidden_size"], c["shared_intermediate_size"]
+    head_dim = h // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * head_dim
+    out = {
+        "model.embed_tokens.weight": torch.randn(c["vocab_size"], h, generator=gen),
+        "model.norm.weight": torch.ones(h),
+        "lm_head.weight": _randn(gen, c["vocab_size"], h, gain=4.0),  # sharper logits: fewer near-ties
+    }
+    for i, kind in enumerate(c["layer_types"]):
+        prefix = f"model.layers.{i}."
+        out |= {
+            prefix + "input_layernorm.weight": torch.ones(h),
+            prefix + "post_attention_layernorm.weight": torch.ones(h),
+            prefix + "shared_mlp.input_linear.weight": _randn(gen, 2 * ffn, h),  # gate and up, stacked
+            prefix + "shared_mlp.output_linear.weight": _randn(gen, h, ffn),
+        }
+        if kind == "attention":
+            out |= {
+                prefix + "self_attn.q_proj.weight": _randn(gen, h, h),
+                prefix + "self_attn.k_proj.weight": _randn(gen, kv, h),
+                prefix + "self_attn.v_proj.weight": _randn(gen, kv, h),
+                prefix + "self_attn.o_proj.weight": _randn(gen, h, h),
+            }
+        else:
+            out |= _mamba2_layer(gen, prefix + "mamba.", c)
+    return out
+
+
+def hybrid_recipe() -> Recipe:
+    config = hybrid_config()
+    return Recipe("hybrid", config, lambda: hybrid_tensors(config, HYBRID_SEED), source=f"seed={HYBRID_SEED}")
+
+
 RECIPES: dict[str, Callable[[], Recipe]] = {
     "dense": dense_recipe,
     "draft": draft_recipe,
+    "hybrid": hybrid_recipe,
 }
