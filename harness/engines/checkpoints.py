@@ -198,6 +198,26 @@ def draft_recipe() -> Recipe:
     return Recipe("draft", llama_config(DRAFT), lambda: draft_tensors(DRAFT), source=repr(DRAFT))
 
 
+#: the EAGLE head: one decoder layer of the dense shape, its own seed.
+EAGLE = replace(SERVED_DENSE, name="eagle", layer_types=("attention",), seed=5678)
+
+
+def eagle_tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A seeded random EAGLE-1 head in vLLM's EagleLlamaForCausalLM layout.
+
+    ``fc`` maps [token embedding, target hidden state] to the hidden size; its one layer has no
+    input norm (vLLM replaces layer 0's with the identity) and the head has no final norm. It
+    carries no embedding and no LM head: vLLM then shares the target's, as EAGLE-1 heads do.
+    """
+    gen = torch.Generator().manual_seed(cfg.seed)
+    return {"fc.weight": _randn(gen, cfg.hidden, 2 * cfg.hidden)} | _llama_layer(gen, "layers.0.", cfg, input_norm=False)
+
+
+def eagle_recipe() -> Recipe:
+    return Recipe("eagle", llama_config(EAGLE, architecture="EagleLlamaForCausalLM"), lambda: eagle_tensors(EAGLE),
+                  source=repr(EAGLE))
+
+
 # -- hybrid: attention + Mamba2 -------------------------------------------------------------------
 #: seed of the hybrid checkpoint's weights
 HYBRID_SEED = 2718
@@ -306,5 +326,6 @@ def hybrid_recipe() -> Recipe:
 RECIPES: dict[str, Callable[[], Recipe]] = {
     "dense": dense_recipe,
     "draft": draft_recipe,
+    "eagle": eagle_recipe,
     "hybrid": hybrid_recipe,
 }
