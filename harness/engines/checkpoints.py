@@ -177,25 +177,27 @@ def _llama_layer(gen: torch.Generator, prefix: str, cfg: ModelConfig, *, input_n
     return out
 
 
-#: the draft model: DENSE's vocabulary and attention shape, one layer, its own seed.
-DRAFT = replace(SERVED_DENSE, name="draft", layer_types=("attention",), seed=4321)
+#: decoder layers of the dense model that the draft keeps
+DRAFT_LAYERS = 1
 
 
-def draft_tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """A seeded random one-layer Llama (spec = draft needs a separate model on the target's vocabulary)."""
-    gen = torch.Generator().manual_seed(cfg.seed)
-    out = {
-        "model.embed_tokens.weight": torch.randn(cfg.vocab_size, cfg.hidden, generator=gen),
-        "model.norm.weight": torch.ones(cfg.hidden),
-        "lm_head.weight": _randn(gen, cfg.vocab_size, cfg.hidden),
-    }
-    for i in range(cfg.num_layers):
-        out |= _llama_layer(gen, f"model.layers.{i}.", cfg)
-    return out
+def draft_config(cfg: ModelConfig = SERVED_DENSE, layers: int = DRAFT_LAYERS) -> ModelConfig:
+    return replace(cfg, name="draft", layer_types=cfg.layer_types[:layers])
+
+
+def draft_tensors(cfg: ModelConfig = SERVED_DENSE, layers: int = DRAFT_LAYERS) -> dict[str, torch.Tensor]:
+    """The dense model cut to its first ``layers`` layers, keeping its embedding, final norm and LM head.
+
+    The LM head's successor vote survives the cut, so the draft agrees with the target on many
+    tokens but not all: spec = draft then runs both the accept and the reject paths, which a
+    random draft (never right) or the target itself (always right) would not.
+    """
+    kept = tuple(f"model.layers.{i}." for i in range(layers))
+    return {name: t for name, t in dense_tensors(cfg).items() if not name.startswith("model.layers.") or name.startswith(kept)}
 
 
 def draft_recipe() -> Recipe:
-    return Recipe("draft", llama_config(DRAFT), lambda: draft_tensors(DRAFT), source=repr(DRAFT))
+    return Recipe("draft", llama_config(draft_config()), draft_tensors, source=f"{SERVED_DENSE!r} layers={DRAFT_LAYERS}")
 
 
 #: the EAGLE head: one decoder layer of the dense shape, its own seed.
