@@ -33,6 +33,12 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 #: and stat logging, without which LLM.get_metrics() asserts and the speculative counters are lost.
 FORCED_ARGS = {"skip_tokenizer_init": True, "distributed_executor_backend": "uni", "disable_log_stats": False}
 
+#: defaults a caller may override: eager mode starts in ~8 s where torch.compile takes 20-70 s on
+#: 2 cores (its first serve pays ~5 s of lazy kernel setup, still well ahead), and a tiny model
+#: gains nothing from compiling; a fixed 256 MiB KV cache, because the CPU
+#: default reserves 92% of the machine's memory and refuses to start when others use some of it.
+DEFAULT_ARGS = {"enforce_eager": True, "kv_cache_memory_bytes": 256 << 20}
+
 #: prometheus names of the speculative counters, by the key the answer gives them.
 SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts",
@@ -51,7 +57,6 @@ class Child:
 
     def __init__(self) -> None:
         self.llm: Any = None
-        self.priority = False
 
     def start(self, msg: dict) -> dict:
         if self.llm is not None:
@@ -62,9 +67,7 @@ class Child:
         began = time.perf_counter()
         from vllm import LLM  # imported here: a malformed first line is answered without vLLM's 10 s import
 
-        self.llm = LLM(**{**engine_args, **FORCED_ARGS})
-        # vLLM refuses a nonzero priority unless the scheduler is priority, so pass them only then
-        self.priority = engine_args.get("scheduling_policy") == "priority"
+        self.llm = LLM(**{**DEFAULT_ARGS, **engine_args, **FORCED_ARGS})
         return {"seconds": time.perf_counter() - began}
 
     def serve(self, msg: dict) -> dict:
@@ -86,7 +89,8 @@ class Child:
             # greedy, exactly n tokens whatever the model emits, and no detokenizing (there is no tokenizer)
             params.append(SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True,
                                          logprobs=top, detokenize=False))
-        priority = [int(req.get("priority", 0)) for req in requests] if self.priority else None
+        # always passed: the priority scheduler orders by it (lower first), FCFS ignores it
+        priority = [int(req.get("priority", 0)) for req in requests]
         before = spec_counters(self.llm.get_metrics())
         began = time.perf_counter()
         results = self.llm.generate(prompts, params, use_tqdm=False, priority=priority)
