@@ -33,10 +33,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 #: and stat logging, without which LLM.get_metrics() asserts and the speculative counters are lost.
 FORCED_ARGS = {"skip_tokenizer_init": True, "distributed_executor_backend": "uni", "disable_log_stats": False}
 
-#: defaults a caller may override: eager mode starts in ~8 s where torch.compile takes 20-70 s on
-#: 2 cores (its first serve pays ~5 s of lazy kernel setup, still well ahead), and a tiny model
-#: gains nothing from compiling; a fixed 256 MiB KV cache, because the CPU
-#: default reserves 92% of the machine's memory and refuses to start when others use some of it.
+#: defaults a caller may override: eager mode, which starts in ~8 s where torch.compile takes 20-70 s
+#: on 2 cores (its first serve pays ~5 s of lazy kernel setup, still well ahead; a tiny model gains
+#: nothing from compiling); a fixed 256 MiB KV cache, because the CPU default reserves 92% of the
+#: machine's memory and refuses to start when others use some of it.
 DEFAULT_ARGS = {"enforce_eager": True, "kv_cache_memory_bytes": 256 << 20}
 
 #: prometheus names of the speculative counters, by the key the answer gives them.
@@ -52,11 +52,20 @@ class ProtocolError(ValueError):
     """A request line the protocol cannot serve: not JSON, an unknown op, a missing field."""
 
 
+class EngineFailedError(RuntimeError):
+    """A serve after one that raised inside vLLM: its requests may still sit in the scheduler."""
+
+
 class Child:
-    """One vLLM engine at most, built by ``start`` and used by every ``serve`` after it."""
+    """One vLLM engine at most, built by ``start`` and used by every ``serve`` after it.
+
+    After an exception inside vLLM the engine may hold half-run requests that a later
+    ``generate`` would drain into its own results, so every later serve is refused instead.
+    """
 
     def __init__(self) -> None:
         self.llm: Any = None
+        self.failed = ""
 
     def start(self, msg: dict) -> dict:
         if self.llm is not None:
@@ -73,6 +82,8 @@ class Child:
     def serve(self, msg: dict) -> dict:
         if self.llm is None:
             raise ProtocolError("serve: no engine yet (send start first)")
+        if self.failed:
+            raise EngineFailedError(f"the engine failed in an earlier serve ({self.failed}); close this child, start another")
         requests = msg.get("requests")
         if not isinstance(requests, list) or not requests:
             raise ProtocolError("serve: requests must be a non-empty list")
@@ -93,7 +104,11 @@ class Child:
         priority = [int(req.get("priority", 0)) for req in requests]
         before = spec_counters(self.llm.get_metrics())
         began = time.perf_counter()
-        results = self.llm.generate(prompts, params, use_tqdm=False, priority=priority)
+        try:
+            results = self.llm.generate(prompts, params, use_tqdm=False, priority=priority)
+        except Exception as exc:
+            self.failed = f"{type(exc).__name__}: {exc}"
+            raise
         seconds = time.perf_counter() - began
         after = spec_counters(self.llm.get_metrics())
         outputs = [request_output(req["rid"], res, top) for req, res in zip(requests, results)]
