@@ -62,15 +62,18 @@ def cache_root() -> Path:
 
 
 def checkpoint_dir(name_or_path: str) -> Path:
-    """The directory of checkpoint ``name_or_path``: a built-in name (built on first use) or a user's path."""
+    """The directory of checkpoint ``name_or_path``: a built-in name (built on first use) or a user's path.
+
+    A built-in name wins over a directory of the same name in the working directory.
+    """
+    if name_or_path in RECIPES:
+        return build(RECIPES[name_or_path]())
     path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"checkpoint {name_or_path!r}: the directory has no config.json")
-        return path
-    if name_or_path not in RECIPES:
+    if not path.is_dir():
         raise KeyError(f"unknown checkpoint {name_or_path!r}: neither a directory nor one of {', '.join(RECIPES)}")
-    return build(RECIPES[name_or_path]())
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint {name_or_path!r}: the directory has no config.json")
+    return path
 
 
 def build(recipe: Recipe) -> Path:
