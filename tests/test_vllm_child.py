@@ -6,6 +6,7 @@ environment is a broken build and fails.
 """
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -111,6 +112,16 @@ def test_checkpoints_build_deterministically(tmp_path: Path, monkeypatch: pytest
 
 
 # -- the child ------------------------------------------------------------------------------------
+def test_child_imports_nothing_of_ours() -> None:
+    """The child runs under .venv-vllm, where our packages are not installed."""
+    allowed = set(sys.stdlib_module_names) | {"vllm", "torch", "__future__"}
+    for node in ast.walk(ast.parse(CHILD.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        for name in names:
+            assert name.split(".")[0] in allowed, f"vllm_child.py line {node.lineno} imports {name}"
+
+
 class ChildProcess:
     """vllm_child.py under .venv-vllm; every answer is awaited with a deadline, so a hang fails the test."""
 
