@@ -1,10 +1,11 @@
 """Hugging Face checkpoints that other engines serve, built locally from a seed at first use.
 
-``dense`` is the reference's own dense model (reference_impl.config.DENSE) exported as a
-LlamaForCausalLM with the same function, so a cross-engine oracle can judge vLLM's tokens against
-the reference's. The others are seeded random weights in formats vLLM loads: ``hybrid`` (an
-attention + Mamba2 GraniteMoeHybrid), ``draft`` (a one-layer Llama on the dense vocabulary, for
-spec = draft) and ``eagle`` (an EAGLE-1 head for the dense model, vLLM's EagleLlamaForCausalLM).
+``dense`` is the reference's own dense model (reference_impl.config.DENSE, at head_dim 32: see
+SERVED_DENSE) exported as a LlamaForCausalLM with the same function, so a cross-engine oracle can
+judge vLLM's tokens against the reference's; ``draft`` is that model cut to one layer, for
+spec = draft. The others are seeded random weights in formats vLLM loads: ``hybrid`` (an
+attention + Mamba2 GraniteMoeHybrid) and ``eagle`` (an EAGLE-1 head for ``dense``, vLLM's
+EagleLlamaForCausalLM).
 
 A checkpoint lands in ``$KVMATRIX_CHECKPOINTS`` (default ``~/.cache/kvmatrix/checkpoints``) under
 ``<name>-<hash>``, the hash covering its config and recipe, so a change to either builds a new
