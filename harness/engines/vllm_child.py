@@ -1,0 +1,210 @@
+"""Child program that drives vLLM's offline API for the harness over line-delimited JSON.
+
+Run it with vLLM's interpreter (``.venv-vllm/bin/python harness/engines/vllm_child.py``): it imports
+only the standard library, vllm and torch, never our packages, since those live in another venv.
+One JSON object per line on stdin, one answer per line on stdout, logs on stderr:
+
+    {"op": "start", "engine_args": {...}}          -> {"ok": true, "seconds": s}
+    {"op": "serve", "requests": [{"rid", "prompt", "max_new_tokens", "priority"}], "top_logprobs": 2}
+        -> {"ok": true, "seconds": s, "outputs": [{"rid", "tokens", "logprobs", "top_ids", "top_logprobs",
+            "num_cached_tokens", "finish_reason"}], "spec": {"drafts", "draft_tokens", "accepted_tokens",
+            "accepted_per_pos"}}
+    {"op": "close"}                                -> {"ok": true}, then exit 0
+
+Any op may carry ``timeout_s``: past it the child dumps every thread's stack to stderr and exits 3,
+so a wedged engine shows up to the parent as end of file, never as a hang. Every failure answers
+``{"ok": false, "error": "<type>: <message>", "traceback": "..."}`` and the child keeps serving.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any, TextIO
+
+# In-process engine core: a second process would double start time and memory on a small CPU box,
+# and its failures would surface here as a dead pipe instead of a traceback. Set before vllm loads.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+#: engine arguments the protocol depends on: token-id prompts (no tokenizer), one in-process worker,
+#: and stat logging, without which LLM.get_metrics() asserts and the speculative counters are lost.
+FORCED_ARGS = {"skip_tokenizer_init": True, "distributed_executor_backend": "uni", "disable_log_stats": False}
+
+#: defaults a caller may override: eager mode, which starts in ~8 s where torch.compile takes 20-70 s
+#: on 2 cores (its first serve pays ~5 s of lazy kernel setup, still well ahead; a tiny model gains
+#: nothing from compiling); a fixed 256 MiB KV cache, because the CPU default reserves 92% of the
+#: machine's memory and refuses to start when others use some of it.
+DEFAULT_ARGS = {"enforce_eager": True, "kv_cache_memory_bytes": 256 << 20}
+
+#: prometheus names of the speculative counters, by the key the answer gives them.
+SPEC_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+class ProtocolError(ValueError):
+    """A request line the protocol cannot serve: not JSON, an unknown op, a missing field."""
+
+
+class EngineFailedError(RuntimeError):
+    """A serve after one that raised inside vLLM: its requests may still sit in the scheduler."""
+
+
+class Child:
+    """One vLLM engine at most, built by ``start`` and used by every ``serve`` after it.
+
+    After an exception inside vLLM the engine may hold half-run requests that a later
+    ``generate`` would drain into its own results, so every later serve is refused instead.
+    """
+
+    def __init__(self) -> None:
+        self.llm: Any = None
+        self.failed = ""
+
+    def start(self, msg: dict) -> dict:
+        if self.llm is not None:
+            raise ProtocolError("start: the engine is already started (close this child and start another)")
+        engine_args = msg.get("engine_args")
+        if not isinstance(engine_args, dict) or "model" not in engine_args:
+            raise ProtocolError("start: engine_args must be an object with at least 'model'")
+        began = time.perf_counter()
+        from vllm import LLM  # imported here: a malformed first line is answered without vLLM's 10 s import
+
+        self.llm = LLM(**{**DEFAULT_ARGS, **engine_args, **FORCED_ARGS})
+        return {"seconds": time.perf_counter() - began}
+
+    def serve(self, msg: dict) -> dict:
+        if self.llm is None:
+            raise ProtocolError("serve: no engine yet (send start first)")
+        if self.failed:
+            raise EngineFailedError(f"the engine failed in an earlier serve ({self.failed}); close this child, start another")
+        requests = msg.get("requests")
+        if not isinstance(requests, list) or not requests:
+            raise ProtocolError("serve: requests must be a non-empty list")
+        from vllm import SamplingParams, TokensPrompt
+
+        top = int(msg.get("top_logprobs", 2))
+        prompts, params = [], []
+        for req in requests:
+            for field in ("rid", "prompt", "max_new_tokens"):
+                if field not in req:
+                    raise ProtocolError(f"serve: request {req.get('rid', '?')!r} has no {field!r}")
+            prompts.append(TokensPrompt(prompt_token_ids=[int(t) for t in req["prompt"]]))
+            n = int(req["max_new_tokens"])
+            # greedy, exactly n tokens whatever the model emits, and no detokenizing (there is no tokenizer)
+            params.append(SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True,
+                                         logprobs=top, detokenize=False))
+        # always passed: the priority scheduler orders by it (lower first), FCFS ignores it
+        priority = [int(req.get("priority", 0)) for req in requests]
+        before = spec_counters(self.llm.get_metrics())
+        began = time.perf_counter()
+        try:
+            results = self.llm.generate(prompts, params, use_tqdm=False, priority=priority)
+        except Exception as exc:
+            self.failed = f"{type(exc).__name__}: {exc}"
+            raise
+        seconds = time.perf_counter() - began
+        after = spec_counters(self.llm.get_metrics())
+        outputs = [request_output(req["rid"], res, top) for req, res in zip(requests, results)]
+        return {"seconds": seconds, "outputs": outputs, "spec": counter_delta(before, after)}
+
+
+def request_output(rid: str, result: Any, top: int) -> dict:
+    """One request's answer: its tokens, each one's logprob, the top-``top`` per step, cached tokens."""
+    completion = result.outputs[0]
+    tokens = list(completion.token_ids)
+    logprobs, top_ids, top_logprobs = [], [], []
+    for token, step in zip(tokens, completion.logprobs or []):
+        logprobs.append(step[token].logprob)
+        # the step holds the top-N by rank plus the chosen token, which may rank lower
+        best = sorted((lp.rank, tid, lp.logprob) for tid, lp in step.items() if lp.rank is not None and lp.rank <= top)
+        top_ids.append([tid for _, tid, _ in best])
+        top_logprobs.append([lp for _, _, lp in best])
+    return {"rid": rid, "tokens": tokens, "logprobs": logprobs, "top_ids": top_ids, "top_logprobs": top_logprobs,
+            "num_cached_tokens": result.num_cached_tokens or 0, "finish_reason": completion.finish_reason}
+
+
+def spec_counters(metrics: list) -> dict:
+    """The speculative counters of a metrics snapshot, summed over their label sets (one per engine)."""
+    out: dict[str, Any] = {key: 0 for key in SPEC_COUNTERS}
+    out["accepted_per_pos"] = []
+    names = {name: key for key, name in SPEC_COUNTERS.items()}
+    for metric in metrics:
+        if metric.name in names:
+            out[names[metric.name]] += int(metric.value)
+        elif metric.name == SPEC_PER_POS:
+            per_pos = out["accepted_per_pos"]
+            per_pos.extend([0] * (len(metric.values) - len(per_pos)))
+            for pos, value in enumerate(metric.values):
+                per_pos[pos] += int(value)
+    return out
+
+
+def counter_delta(before: dict, after: dict) -> dict:
+    """``after - before``, position by position for the per-position vector."""
+    out = {key: after[key] - before[key] for key in SPEC_COUNTERS}
+    old = before["accepted_per_pos"] + [0] * (len(after["accepted_per_pos"]) - len(before["accepted_per_pos"]))
+    out["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], old)]
+    return out
+
+
+def failure(exc: BaseException) -> dict:
+    return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+
+
+def handle(child: Child, line: str) -> tuple[dict, bool]:
+    """The answer to one request line, and whether the child should exit after sending it."""
+    try:
+        msg = json.loads(line)
+        if not isinstance(msg, dict):
+            raise ProtocolError(f"a request must be a JSON object, got {type(msg).__name__}")
+        timeout = msg.get("timeout_s")
+        if timeout is not None:
+            faulthandler.dump_traceback_later(float(timeout), exit=True)
+        op = msg.get("op")
+        if op == "close":
+            return {"ok": True}, True
+        if op not in ("start", "serve"):
+            raise ProtocolError(f"unknown op {op!r} (known: start, serve, close)")
+        return {"ok": True, **getattr(child, op)(msg)}, False
+    except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent, which decides
+        return failure(exc), False
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def protocol_stream() -> TextIO:
+    """A private copy of stdout for answers; fd 1 then points at stderr.
+
+    vLLM's logger and native libraries write to stdout, and a stray line there would break the
+    protocol, so everything but our answers goes to stderr.
+    """
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return out
+
+
+def main() -> int:
+    answers = protocol_stream()
+    child = Child()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        answer, done = handle(child, line)
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+        if done:
+            break
+    # a closed stdin is the parent leaving: exit cleanly rather than wait on anything
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
