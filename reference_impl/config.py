@@ -1,7 +1,7 @@
 """Configuration dataclasses: the tiny model's shape and the engine's knobs."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -91,6 +91,9 @@ class ModelConfig:
 
 DENSE = ModelConfig(name="dense", layer_types=("attention",) * 4)
 HYBRID = ModelConfig(name="hybrid", layer_types=("attention", "mamba", "attention", "mamba"))
+#: DENSE at head_dim 32, the one change vLLM's CPU attention needs (its kernels start at head_dim 32; 16 fails
+#: every forward): exported as a Llama checkpoint (harness/sut/checkpoints.py), both engines serve one function.
+DENSE32 = replace(DENSE, name="dense32", head_dim=32)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,14 +22,14 @@ import pytest
 import torch
 
 from fixtures.workloads import load_workload
-from harness.engine_setup import build_engine_config, make_engine
-from harness.engines import checkpoints
-from harness.engines.checkpoints import SERVED_DENSE, checkpoint_dir
-from harness.engines.safetensors_file import load_file
+from harness.sut.reference import build_engine_config, make_engine
+from harness.sut import checkpoints
+from harness.sut.checkpoints import SERVED_DENSE, checkpoint_dir
+from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-CHILD = ROOT / "harness" / "engines" / "vllm_child.py"
+CHILD = ROOT / "harness" / "sut" / "vllm_child.py"
 #: an engine start is 20-70 s on 2 cores; a serve of a few short requests well under 10
 START_TIMEOUT_S = 300
 SERVE_TIMEOUT_S = 120

@@ -60,6 +60,10 @@ class PassView:
     counters: dict[str, int] | None = None         # the engine's own decode counters over this pass (EngineStats)
     logprob_tolerance: float | None = None         # declared for the cell's lossy levels ([[tolerances]])
     tie_tolerance: float | None = None
+    audited: bool = True                           # the engine audits its idle pools (pool_audit)
+    pass_counted: bool = False                     # counters hold the pass's drafts and accepted tokens only
+    spec_reference_counters: dict[str, int] | None = None  # spec_reference's own counters (pass-counted engines)
+    cross_reference: list[RequestOutput] | None = None     # another engine's golden on the same model (cold pass)
 
     def tie(self) -> float:
         """The top-2 margin under which a divergence is a tie: declared for the cell's levels, else the dtype's."""
@@ -239,6 +243,8 @@ def completeness_oracle(views: Sequence[PassView]) -> Verdict:
 
 def pool_audit_oracle(views: Sequence[PassView]) -> Verdict:
     """No page or state slot leaked or doubly owned when idle, and no freed page read."""
+    if not any(v.audited for v in views):
+        return Verdict("pool_audit", "skip", "the engine under test reports no pool audit")
     findings = [{"workload": v.workload, "pass": v.name, "problem": p} for v in views for p in v.audit]
     return _verdict("pool_audit", findings, "pools and cache consistent when idle",
                     lambda f: f"{len(f)} problem(s); first: {f[0]['workload']}/{f[0]['pass']}: {f[0]['problem']}")
@@ -372,12 +378,47 @@ def _trace_findings(view: PassView, k: int) -> list[dict]:
     return findings
 
 
+def pass_accept_length(counters: dict[str, int] | None) -> float:
+    """Mean accept length of a pass from its counters (vLLM's 1 + accepted / drafts), 1.0 without a draft."""
+    drafts = (counters or {}).get("drafts", 0)
+    return 1.0 + counters["accepted_tokens"] / drafts if drafts else 1.0
+
+
+def _counted_findings(view: PassView, cold: dict[str, dict[str, int] | None]) -> list[dict]:
+    """A pass-counted engine: the pass's mean accept length against golden-with-this-spec and warm against cold
+    (no drop past the tolerance, never above k + 1); the self-draft level exactly k + 1; the measured band."""
+    got = pass_accept_length(view.counters)
+    references = [("golden", pass_accept_length(view.spec_reference_counters))]
+    if view.name == "warm" and cold.get(view.workload) is not None:
+        references.append(("cold", pass_accept_length(cold[view.workload])))
+    found = [{"workload": view.workload, "pass": view.name, "check": "relative", "against": against,
+              "expected": round(want, 4), "got": round(got, 4), "max": view.max_accept_length}
+             for against, want in references if got < want * (1 - ACCEPT_TOLERANCE) or got > view.max_accept_length]
+    exact = view.max_accept_length if view.spec == "self" else None  # the target drafting for itself: all accepted
+    band = (exact, exact) if exact is not None else view.accept_band
+    if band is not None and not band[0] <= got <= band[1]:
+        found.append({"workload": view.workload, "pass": view.name, "check": "band",
+                      "against": "k + 1 (self-draft)" if exact is not None else "measured band",
+                      "expected": f"{band[0]}..{band[1]}", "got": round(got, 4), "max": view.max_accept_length,
+                      "counters": dict(view.counters or {})})
+    return found
+
+
 def accept_length_oracle(views: Sequence[PassView]) -> Verdict:
     """Spec cells: accept length holds against golden-with-this-spec, warm against cold, the workload's measured
-    band and the engine's own counters; each request drafted (and, for ngram, accepted) what it must."""
+    band and the engine's own counters; each request drafted (and, for ngram, accepted) what it must.
+
+    An engine that counts per pass only (vLLM's spec_decode counters) is judged on each pass's mean."""
     armed = [v for v in views if v.spec_reference is not None]
     if not armed:
         return Verdict("accept_length", "skip", "no speculative decoding")
+    if all(v.pass_counted for v in armed):
+        cold_counters = {v.workload: v.counters for v in armed if v.name == "cold"}
+        findings = [f for view in armed for f in _counted_findings(view, cold_counters)]
+        means = [pass_accept_length(v.counters) for v in armed]
+        return _verdict("accept_length", findings, f"mean accept length {min(means):.3f}..{max(means):.3f} as expected",
+                        lambda f: f"{len(f)} finding(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['check']} vs "
+                                  f"{f[0]['against']}: {f[0]['got']} (expected {f[0]['expected']})")
     cold = {v.workload: v.outputs for v in armed if v.name == "cold"}
     findings, means = [], []
     for view in armed:
@@ -390,6 +431,35 @@ def accept_length_oracle(views: Sequence[PassView]) -> Verdict:
                               f"(expected {f[0]['expected']})")
 
 
+def cross_engine_oracle(views: Sequence[PassView]) -> Verdict:
+    """The cell's golden run agrees token for token with another engine's golden on the same weights (the
+    reference engine serving the exported checkpoint), except where the other engine's top-2 margin is a tie."""
+    armed = [v for v in views if v.cross_reference is not None and v.name == "cold"]
+    if not armed:
+        return Verdict("cross_engine", "skip", "no second engine serves this model")
+    findings, ties, compared = [], [], 0
+    for view in armed:
+        other = {o.rid: o for o in view.cross_reference}
+        for out in view.golden:
+            want = other.get(out.rid)
+            if want is None or not out.tokens:
+                continue
+            compared += 1
+            step = _first_divergence(out.tokens, want.tokens)
+            if step is None:
+                continue
+            where = {"workload": view.workload, "request": out.rid, "step": step, "expected": want.tokens[step],
+                     "got": out.tokens[step], "other_margin": round(want.margins[step], 6)}
+            (ties if want.margins[step] < TIE_TOLERANCE[torch.float32] else findings).append(where)
+    verdict = _verdict("cross_engine", findings, f"{compared} golden request(s) agree with the other engine "
+                       f"({len(ties)} ties)",
+                       lambda f: f"{len(f)} request(s) differ from the other engine's golden; first: {f[0]['workload']} "
+                                 f"{f[0]['request']} step {f[0]['step']}: expected {f[0]['expected']}, got {f[0]['got']}")
+    if ties and verdict.status == "pass":
+        verdict.detail = [{"tie": True, **t} for t in ties[:MAX_FINDINGS]]
+    return verdict
+
+
 ORACLES: dict[str, Oracle] = {
     "tokens": tokens_oracle,
     "logprobs": logprobs_oracle,
@@ -399,6 +469,7 @@ ORACLES: dict[str, Oracle] = {
     "completeness": completeness_oracle,
     "pool_audit": pool_audit_oracle,
     "accept_length": accept_length_oracle,
+    "cross_engine": cross_engine_oracle,
 }
 
 

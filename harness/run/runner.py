@@ -14,7 +14,7 @@ import torch
 
 from fixtures.spec_expect import accept_band
 from fixtures.workloads import CachedExpectation, Workload, load_workload
-from harness.matrix.levels import engine_levels
+from harness.matrix.levels import CROSS_MODELS, REFERENCE, engine_levels
 from harness.matrix.model import Cell, MatrixSpec
 from harness.results.rows import CellResult
 from harness.run.oracles import PASSES, PassView, judge
@@ -202,7 +202,7 @@ def _expected(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]:
 
 
 def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | None,
-           tolerances: Mapping[str, float]) -> list[PassView]:
+           tolerances: Mapping[str, float], cross: WorkloadRun | None = None) -> list[PassView]:
     traits, requests = run.traits, run.workload.requests
     views = []
     for name, record in run.passes.items():
@@ -218,7 +218,9 @@ def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | Non
             prompts={r.rid: r.prompt for r in requests},
             accept_band=accept_band(run.workload.name, traits.model, traits.spec, traits.num_draft_tokens),
             counters=record.counters or None, logprob_tolerance=tolerances.get("logprobs"),
-            tie_tolerance=tolerances.get("tie"),
+            tie_tolerance=tolerances.get("tie"), audited=traits.audited, pass_counted=traits.pass_counted,
+            spec_reference_counters=spec_golden.passes["cold"].counters if spec_golden else None,
+            cross_reference=cross.passes["cold"].outputs if cross else None,
         ))
     return views
 
@@ -237,7 +239,7 @@ def _metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, 
             tier: sum(o.cached_by_tier()[tier] for r in runs for o in r.passes["warm"].outputs) for tier in TIERS
         },
         "cached_tokens_cold": sum(o.cached_tokens for r in runs for o in r.passes["cold"].outputs),
-        "preemptions": sum(r.totals.stats["preemptions"] for r in runs),
+        "preemptions": _stat(runs, "preemptions"),
         **_spec_metrics(runs),
         **_pd_metrics(runs),
         "golden_reused": len(own_runs) < len(runs),
@@ -254,17 +256,30 @@ def _pd_metrics(runs: list[WorkloadRun]) -> dict[str, object]:
     return {"pd": {**summed, "verify_scratch_bytes": scratch}}
 
 
+def _stat(runs: list[WorkloadRun], name: str) -> int | None:
+    """An engine counter summed over the runs; None when the engine does not count it (a real engine)."""
+    counted = [r.totals.stats[name] for r in runs if name in r.totals.stats]
+    return sum(counted) if counted else None
+
+
 def _spec_metrics(runs: list[WorkloadRun]) -> dict[str, object]:
-    """Accept length over both passes of every workload, decode tokens per target forward, draft-state hits."""
-    outputs = [o for r in runs for p in r.passes.values() for o in p.outputs]
-    stats = outputs_accept_stats(outputs)
-    forwards = sum(r.totals.stats["decode_forwards"] for r in runs)
+    """Accept length over both passes of every workload, decode tokens per target forward, draft-state hits.
+
+    A pass-counted engine's mean is 1 + accepted / drafts over all its passes (vLLM's definition)."""
+    if runs and runs[0].traits.pass_counted:
+        counters = [p.counters for r in runs for p in r.passes.values()]
+        drafts, accepted = (sum(c.get(key, 0) for c in counters) for key in ("drafts", "accepted_tokens"))
+        mean = round(1 + accepted / drafts, 4) if drafts else None
+        return {"mean_accept_length": mean, "accept": {"drafts": drafts, "accepted_tokens": accepted,
+                                                       "draft_tokens": sum(c.get("draft_tokens", 0) for c in counters)}}
+    stats = outputs_accept_stats([o for r in runs for p in r.passes.values() for o in p.outputs])
+    forwards, emitted = _stat(runs, "decode_forwards"), _stat(runs, "emitted_tokens")
     return {
         "mean_accept_length": stats.to_json()["mean_accept_length"],
         "accept": stats.to_json(),
-        "decode_tokens_per_forward": round(sum(r.totals.stats["emitted_tokens"] for r in runs) / forwards, 4) if forwards else None,
-        "draft_full_hits": sum(r.totals.stats["draft_full_hits"] for r in runs),
-        "draft_partial_hits": sum(r.totals.stats["draft_partial_hits"] for r in runs),
+        "decode_tokens_per_forward": round(emitted / forwards, 4) if forwards else None,
+        "draft_full_hits": _stat(runs, "draft_full_hits"),
+        "draft_partial_hits": _stat(runs, "draft_partial_hits"),
     }
 
 
@@ -293,6 +308,7 @@ class CellPlan:
     engine_args: dict[str, object] = field(default_factory=dict)
     expected: dict | None = None    # the ``[[expected]]`` entry the cell matches (Expected.to_json())
     tolerances: dict[str, float] = field(default_factory=dict)  # ``[[tolerances]]`` it matches: logprobs, tie
+    cross_levels: dict[str, object] | None = None  # the reference golden serving the same weights (cross_engine)
 
     def golden_keys(self) -> list[tuple]:
         """The golden runs this cell reads, one lookup each, in the order ``run_plan`` reads them."""
@@ -301,6 +317,8 @@ class CellPlan:
             keys.append(GoldenRuns.key(self.golden_levels, name, self.engine, self.engine_args))
             if self.spec_levels is not None:
                 keys.append(GoldenRuns.key(self.spec_levels, name, self.engine, self.engine_args))
+            if self.cross_levels is not None:
+                keys.append(GoldenRuns.key(self.cross_levels, name))
         return keys
 
     def result(self) -> CellResult:
@@ -320,10 +338,12 @@ def plan_cell(spec: MatrixSpec, cell: Cell, faults: frozenset[str]) -> CellPlan:
             value = getattr(entry, kind)
             if value is not None:
                 tolerances[kind] = max(value, tolerances.get(kind, 0.0))
+    cross = CROSS_MODELS.get(str(engine_levels(levels, spec.engine)["model"])) if spec.engine != "reference" else None
     return CellPlan(cell.cell_id, spec.name, levels, golden_levels,
                     spec_golden_levels(levels, golden_levels, spec.engine), spec.workloads_for(cell), spec.timeout_s,
                     frozenset(faults), spec.engine, dict(spec.engine_args),
-                    expected.to_json() if expected else None, tolerances)
+                    expected.to_json() if expected else None, tolerances,
+                    {**REFERENCE.golden, "model": cross} if cross else None)
 
 
 def run_cell(spec: MatrixSpec, cell: Cell, *, faults: frozenset[str], goldens: GoldenRuns,
@@ -355,6 +375,7 @@ def run_plan(plan: CellPlan, goldens: GoldenRuns, on_step: Callable[[str], None]
                 golden = goldens.get(plan.golden_levels, workload, engine, plan.engine_args)
                 spec_golden = (goldens.get(plan.spec_levels, workload, engine, plan.engine_args)
                                if plan.spec_levels else None)
+                cross = goldens.get(plan.cross_levels, workload) if plan.cross_levels else None
                 golden_seconds += time.perf_counter() - before
                 run = golden if cell_is_golden else spec_golden if cell_is_spec_golden else None
                 if run is None:
@@ -363,7 +384,7 @@ def run_plan(plan: CellPlan, goldens: GoldenRuns, on_step: Callable[[str], None]
                     run = serve_workload(cell_engine, workload, on_step)
                     own_runs.append(run)
                 runs.append(run)
-                views.extend(_views(run, golden, spec_golden, plan.tolerances))
+                views.extend(_views(run, golden, spec_golden, plan.tolerances, cross))
             result.oracles = judge(views)
     except Exception as exc:  # a crashing cell is a finding, not the end of the run
         return error_result(result, "".join(traceback.format_exception(exc)).strip(), time.perf_counter() - started)

@@ -37,6 +37,8 @@ class Traits:
     model: str                 # the model level (names the accept band)
     tiers: tuple[str, ...] = ()  # the cache's tiers below L1 ("host", "storage")
     aborts_allowed: bool = False  # PD cells that inject transport failures may end requests "aborted"
+    audited: bool = True          # the idle engine audits its pools (pool_audit judges it); a real engine does not
+    pass_counted: bool = False    # speculative counters per pass only (drafts, accepted), not per request
 
 
 @dataclass(slots=True, kw_only=True)

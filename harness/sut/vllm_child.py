@@ -1,6 +1,6 @@
 """Child program that drives vLLM's offline API for the harness over line-delimited JSON.
 
-Run it with vLLM's interpreter (``.venv-vllm/bin/python harness/engines/vllm_child.py``): it imports
+Run it with vLLM's interpreter (``.venv-vllm/bin/python harness/sut/vllm_child.py``): it imports
 only the standard library, vllm and torch, never our packages, since those live in another venv.
 One JSON object per line on stdin, one answer per line on stdout, logs on stderr:
 
@@ -9,6 +9,8 @@ One JSON object per line on stdin, one answer per line on stdout, logs on stderr
         -> {"ok": true, "seconds": s, "outputs": [{"rid", "tokens", "logprobs", "top_ids", "top_logprobs",
             "num_cached_tokens", "finish_reason"}], "spec": {"drafts", "draft_tokens", "accepted_tokens",
             "accepted_per_pos"}}
+    {"op": "reset"}                                -> {"ok": true, "reset": bool}: an empty prefix cache, so the
+                                                      next workload's cold pass starts cold
     {"op": "close"}                                -> {"ok": true}, then exit 0
 
 Any op may carry ``timeout_s``: past it the child dumps every thread's stack to stderr and exits 3,
@@ -78,6 +80,11 @@ class Child:
 
         self.llm = LLM(**{**DEFAULT_ARGS, **engine_args, **FORCED_ARGS})
         return {"seconds": time.perf_counter() - began}
+
+    def reset(self, msg: dict) -> dict:
+        if self.llm is None:
+            raise ProtocolError("reset: no engine yet (send start first)")
+        return {"reset": bool(self.llm.reset_prefix_cache())}
 
     def serve(self, msg: dict) -> dict:
         if self.llm is None:
@@ -170,8 +177,8 @@ def handle(child: Child, line: str) -> tuple[dict, bool]:
         op = msg.get("op")
         if op == "close":
             return {"ok": True}, True
-        if op not in ("start", "serve"):
-            raise ProtocolError(f"unknown op {op!r} (known: start, serve, close)")
+        if op not in ("start", "serve", "reset"):
+            raise ProtocolError(f"unknown op {op!r} (known: start, serve, reset, close)")
         return {"ok": True, **getattr(child, op)(msg)}, False
     except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent, which decides
         return failure(exc), False

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints that other engines serve, built locally from a seed at first use.
 
-``dense`` is the reference's own dense model (reference_impl.config.DENSE, at head_dim 32: see
-SERVED_DENSE) exported as a LlamaForCausalLM with the same function, so a cross-engine oracle can
+``dense`` is the reference's own dense model at head_dim 32 (reference_impl.config.DENSE32, model level
+``dense32``) exported as a LlamaForCausalLM with the same function, so a cross-engine oracle can
 judge vLLM's tokens against the reference's; ``draft`` is that model cut to one layer, for
 spec = draft. The others are seeded random weights in formats vLLM loads: ``hybrid`` (an
 attention + Mamba2 GraniteMoeHybrid) and ``eagle`` (an EAGLE-1 head for ``dense``, vLLM's
@@ -26,18 +26,17 @@ from pathlib import Path
 
 import torch
 
-from harness.engines.safetensors_file import save_file
-from reference_impl.config import DENSE, ModelConfig
+from safetensors.torch import save_file
+from reference_impl.config import DENSE32, ModelConfig
 from reference_impl.model.tiny_lm import load_model
 
 #: environment variable that moves the checkpoint cache.
 CACHE_ENV = "KVMATRIX_CHECKPOINTS"
 #: bump when a recipe changes in a way its config does not show (a new weight layout, another init).
 RECIPE_VERSION = 1
-#: the dense model both engines serve: DENSE with head_dim 32, the one change vLLM's CPU attention needs
-#: (head_dim 16 starts, then every forward fails with "Unsupported CPU attention configuration:
-#: head_dim=16 isa=2 kv_cache_idx=0"; its kernels start at 32). The reference serves any head_dim.
-SERVED_DENSE = replace(DENSE, head_dim=32)
+#: the dense model both engines serve (head_dim 16 starts in vLLM, then every forward fails with "Unsupported
+#: CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"); the reference's model level ``dense32``.
+SERVED_DENSE = DENSE32
 #: longest sequence the exported configs declare; workloads stay far below it.
 MAX_POSITIONS = 2048
 

@@ -1,0 +1,267 @@
+"""vLLM under test: its offline API in a child process of vLLM's own interpreter, one child per cell.
+
+The harness process never imports vllm: ``harness/sut/vllm_child.py`` runs under ``.venv-vllm``
+(``make vllm-env``; ``$KVMATRIX_VLLM_PYTHON`` names another interpreter, a GPU runner's CUDA vllm say)
+and answers line-delimited JSON. A child that dies, hangs past the cell's timeout or answers what the
+protocol does not allow is killed with its whole process group and the cell becomes an ``error`` row
+carrying the child's stderr tail; nothing outlives the cell, Ctrl-C included.
+
+What each factor maps to (``engine_arguments``):
+
+======================  =====================================================================
+cache                   ``enable_prefix_caching`` (off, device)
+page_size               ``block_size``
+prefill_budget          ``max_num_batched_tokens`` (chunked prefill is always on in vLLM V1)
+max_num_seqs            ``max_num_seqs``
+spec, num_draft_tokens  ``speculative_config``: ngram (prompt lookup 2..4), draft (the dense model cut
+                        to one layer), eagle (a seeded EAGLE-1 head), self (the target's own weights as
+                        its draft: every draft token is accepted, accept length exactly k + 1)
+scheduler               ``scheduling_policy`` (the workload's priorities are always passed)
+async_scheduling        ``async_scheduling``
+kv_cache_dtype          ``kv_cache_dtype`` (auto, fp8)
+dtype                   ``dtype`` (float32, bfloat16)
+deterministic           ``VLLM_BATCH_INVARIANT=1`` in the child's environment (CUDA only)
+model                   a checkpoint made here (dense, hybrid) or a path to one
+[engine_args]           passed through as they are, last
+======================  =====================================================================
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from fixtures.workloads import Workload
+from harness.matrix.levels import VLLM
+from harness.sut.base import PassResult, Totals, Traits
+from harness.sut.checkpoints import checkpoint_dir
+from reference_impl.request import RequestOutput, RequestSpec
+
+PYTHON_ENV = "KVMATRIX_VLLM_PYTHON"
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+CHILD = Path(__file__).with_name("vllm_child.py")
+#: the top logprobs asked per step: the top-2 margin tells a tie from a divergence.
+TOP_LOGPROBS = 2
+#: characters of the child's stderr an error row carries.
+STDERR_TAIL = 3000
+#: seconds a closing child gets before its process group is killed.
+CLOSE_GRACE_S = 10.0
+#: the ngram level's prompt lookup: suffix n-grams of 2 to 4 tokens.
+NGRAM_LOOKUP = (2, 4)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class EngineChildError(RuntimeError):
+    """The vLLM child died, hung up or answered outside the protocol; the message says which, with its stderr."""
+
+
+def vllm_python() -> Path:
+    """The interpreter of vLLM's environment: ``$KVMATRIX_VLLM_PYTHON``, else ``.venv-vllm``."""
+    return Path(os.environ.get(PYTHON_ENV) or DEFAULT_PYTHON)
+
+
+def speculative_config(levels: Mapping[str, object]) -> dict | None:
+    """``speculative_config`` for the cell's ``spec`` level, None without speculative decoding."""
+    spec, k = levels["spec"], levels["num_draft_tokens"]
+    if spec == "none":
+        return None
+    if spec == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": NGRAM_LOOKUP[0],
+                "prompt_lookup_max": NGRAM_LOOKUP[1]}
+    if spec == "eagle":
+        return {"method": "eagle", "model": str(checkpoint_dir("eagle")), "num_speculative_tokens": k}
+    draft = levels["model"] if spec == "self" else "draft"
+    return {"method": "draft_model", "model": str(checkpoint_dir(str(draft))), "num_speculative_tokens": k}
+
+
+def engine_arguments(levels: Mapping[str, object], engine_args: Mapping[str, object]) -> dict:
+    """``vllm.LLM`` keyword arguments for a cell's full levels, ``[engine_args]`` last."""
+    args = {
+        "model": str(checkpoint_dir(str(levels["model"]))),
+        "enable_prefix_caching": levels["cache"] == "device",
+        "block_size": levels["page_size"],
+        "max_num_batched_tokens": levels["prefill_budget"],
+        "max_num_seqs": levels["max_num_seqs"],
+        "scheduling_policy": levels["scheduler"],
+        "async_scheduling": levels["async_scheduling"] == "on",
+        "kv_cache_dtype": levels["kv_cache_dtype"],
+        "dtype": levels["dtype"],
+        "seed": 0,
+    }
+    spec = speculative_config(levels)
+    if spec is not None:
+        args["speculative_config"] = spec
+    return {**args, **engine_args}
+
+
+class ChildProcess:
+    """``vllm_child.py`` in a process group of its own; every answer read back, or the reason there is none."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        python = vllm_python()
+        if not python.exists():
+            raise EngineChildError(f"no vLLM interpreter at {python} (make vllm-env, or set {PYTHON_ENV})")
+        self.stderr = tempfile.TemporaryFile(mode="w+", prefix="kvmatrix-vllm-")
+        # -I: the child's own directory is not put on sys.path (this module there would shadow vllm itself)
+        self.proc = subprocess.Popen([str(python), "-I", str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, text=True, start_new_session=True,
+                                     env={**os.environ, **env})
+
+    def ask(self, message: dict) -> dict:
+        """Send one request line and read its answer; a refusal from vLLM raises with its traceback."""
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise EngineChildError(f"the vLLM child is gone ({self._exit()}); stderr:\n{self.tail()}") from None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise EngineChildError(f"the vLLM child closed its answers to {message['op']!r} ({self._exit()}); "
+                                   f"stderr:\n{self.tail()}")
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EngineChildError(f"malformed answer to {message['op']!r} (not JSON: {exc}): {line[:200]!r}") from None
+        if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
+            raise EngineChildError(f"malformed answer to {message['op']!r} (no boolean 'ok'): {line[:200]!r}")
+        if not answer["ok"]:
+            raise EngineChildError(f"vLLM refused {message['op']!r}: {answer.get('error')}\n"
+                                   f"{answer.get('traceback', '')[-STDERR_TAIL:]}")
+        return answer
+
+    def _exit(self) -> str:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "still running"
+        return f"exit {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
+
+    def tail(self) -> str:
+        self.stderr.flush()
+        self.stderr.seek(0)
+        return self.stderr.read()[-STDERR_TAIL:]
+
+    def close(self) -> None:
+        """Ask the child to leave; kill its whole process group if it does not within the grace."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "close"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=CLOSE_GRACE_S)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.stderr):
+            stream.close()
+
+
+class VllmEngine:
+    """vLLM for one cell: one child, started at the first workload, its prefix cache emptied for each next one."""
+
+    def __init__(self, levels: Mapping[str, object], faults: frozenset[str], device: str,
+                 engine_args: Mapping[str, object]) -> None:
+        if faults:
+            raise ValueError(f"faults are planted in the reference engine; a vllm cell takes none ({', '.join(faults)})")
+        self.levels = VLLM.full(levels)
+        self.arguments = engine_arguments(self.levels, engine_args)
+        self.env = {"VLLM_BATCH_INVARIANT": "1"} if self.levels["deterministic"] == "on" else {}
+        if device.startswith("cuda"):
+            self.env["CUDA_VISIBLE_DEVICES"] = device.partition(":")[2] or "0"
+        self.traits = Traits(
+            dtype=DTYPES[str(self.levels["dtype"])], cache_enabled=self.levels["cache"] == "device",
+            hybrid=self.levels["model"] == "hybrid", deterministic=self.levels["deterministic"] == "on",
+            page_size=int(self.levels["page_size"]), num_draft_tokens=int(self.levels["num_draft_tokens"]),
+            # vLLM keeps a Mamba state at every block boundary (mamba_cache_mode "align"): the snapshot grid is the block
+            chunk_size=int(self.levels["page_size"]), state_interval=int(self.levels["page_size"]),
+            spec=str(self.levels["spec"]), model=f"vllm-{self.levels['model']}", audited=False,
+            pass_counted=True,
+        )
+        self.children: dict[bool, ChildProcess] = {}  # alone → its child
+
+    def child(self, alone: bool) -> ChildProcess:
+        """The cell's child (``alone``: a second one running one request at a time), started on first use."""
+        if alone not in self.children:
+            arguments = {**self.arguments, "max_num_seqs": 1} if alone else self.arguments
+            child = self.children[alone] = ChildProcess(self.env)
+            child.ask({"op": "start", "engine_args": arguments})
+        else:
+            self.children[alone].ask({"op": "reset"})
+        return self.children[alone]
+
+    def session(self, workload: Workload) -> VllmSession:
+        return VllmSession(self)
+
+    def close(self) -> None:
+        for child in self.children.values():
+            child.close()
+        self.children.clear()
+
+
+class VllmSession:
+    """One workload's systems on the cell's child: a cold prefix cache at the first ``open``."""
+
+    def __init__(self, engine: VllmEngine) -> None:
+        self.engine = engine
+
+    def open(self, *, tenant_suffix: str = "", alone: bool = False) -> VllmSystem:
+        if tenant_suffix:
+            raise ValueError("vLLM cells have no shared store: no second tenant to open")
+        return VllmSystem(self.engine.child(alone), self.engine.traits)
+
+    def close(self) -> None:
+        pass
+
+
+class VllmSystem:
+    """The child's engine behind the system-under-test protocol; closing leaves the child to the cell."""
+
+    def __init__(self, child: ChildProcess, traits: Traits) -> None:
+        self.child = child
+        self.traits = traits
+
+    def serve(self, rounds: Sequence[Sequence[RequestSpec]]) -> PassResult:
+        outputs, counters = [], {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+        for group in rounds:
+            answer = self.child.ask({"op": "serve", "top_logprobs": TOP_LOGPROBS, "requests": [
+                {"rid": r.rid, "prompt": list(r.prompt), "max_new_tokens": r.max_new_tokens, "priority": r.priority}
+                for r in group]})
+            outputs += [request_output(out) for out in _field(answer, "outputs", list)]
+            spec = _field(answer, "spec", dict)
+            for name in counters:
+                counters[name] += int(_field(spec, name, int))
+        return PassResult(outputs=outputs, counters=counters)
+
+    def totals(self) -> Totals:
+        return Totals(stats={})
+
+    def close(self) -> None:
+        pass
+
+
+def _field(answer: Mapping, name: str, kind: type) -> object:
+    value = answer.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise EngineChildError(f"malformed answer: field {name!r} should be {kind.__name__}, got {value!r:.80}")
+    return value
+
+
+def request_output(out: Mapping) -> RequestOutput:
+    """One request of a serve answer as the oracles read it (cached tokens all from vLLM's device cache)."""
+    top = _field(out, "top_logprobs", list)
+    cached = int(_field(out, "num_cached_tokens", int))
+    return RequestOutput(
+        rid=str(_field(out, "rid", str)), tokens=list(_field(out, "tokens", list)),
+        logprobs=list(_field(out, "logprobs", list)), top_ids=list(_field(out, "top_ids", list)), top_logprobs=top,
+        margins=[step[0] - step[1] if len(step) > 1 else math.inf for step in top], cached_tokens=cached,
+        cached_device=cached, finish_reason=str(_field(out, "finish_reason", str)),
+    )
