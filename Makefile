@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kvmatrix-installed
 REPORT_DIR ?= reports/out
 PYTEST_WORKERS ?= auto
 
-.PHONY: matrix test bench mutation gpu-wheels vllm-env clean
+.PHONY: matrix test quick bench mutation gpu-wheels vllm-env clean
 
 # NIXL (pd = nixl) goes in without its dependencies: its plain requirement pulls a CUDA torch and
 # seventeen CUDA wheels; UCX ships inside nixl-cu12, which also runs on CPU memory. Mooncake's
@@ -25,9 +25,14 @@ $(STAMP): pyproject.toml Makefile
 matrix: $(STAMP)
 	$(PY) -m harness run --matrix smoke --report-dir $(REPORT_DIR)
 
-# the whole suite, every test (`-m "not slow"` by hand skips the whole-matrix runs while iterating)
+# the whole suite, every test (`make quick` leaves out the whole-matrix runs and the real engines)
+# --dist loadgroup: the vLLM tests share one worker (two vLLM children would each bind every core)
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+
+# quick iteration (about 3 minutes on 2 cores): everything but whole-matrix runs and the real engines
+quick: $(STAMP)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not vllm"
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -6,6 +6,8 @@ so a cycle or a reach into another package's private names fails here, not in a 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -227,3 +229,11 @@ def test_fault_names_are_spelled_once() -> None:
         if isinstance(node, ast.Constant) and node.value in FAULTS
     ]
     assert not bad, bad
+
+
+def test_the_plugin_alone_imports_neither_torch_nor_the_engine() -> None:
+    """pytest loads the plugin in every run of the environment: on an unrelated project it must stay light."""
+    code = ("import sys, harness.pytest_plugin; "
+            "print(sorted(m for m in ('torch', 'reference_impl', 'harness.run.runner') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

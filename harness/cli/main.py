@@ -67,8 +67,11 @@ def certificate_line(cells: int, t: int, counting: int, certificate: Covering | 
     return f"{text}; {verdict}; built by {certificate.how}"
 
 
-def jobs_option(value: int | None) -> int:
-    """``-j``: as given, else ``$KVMATRIX_JOBS``, else the cores this process may use."""
+def jobs_option(value: int | None, engine: str = "reference") -> int:
+    """``-j``: as given, else ``$KVMATRIX_JOBS``, else the cores this process may use; a real engine's cells
+    one at a time unless ``-j`` says otherwise (vLLM binds its OpenMP threads to every core)."""
+    if value is None and engine != "reference":
+        return 1
     if value is None:
         env = os.environ.get(JOBS_ENV, "")
         try:
@@ -84,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.matrix, args.strength)
     check_runnable(spec, args.device)
     faults = check_faults(args.inject_fault)
-    jobs = jobs_option(args.jobs)
+    jobs = jobs_option(args.jobs, spec.engine)
     generated = generate(spec)
     cells = select_cells(spec, generated, args.cell) if args.cell else generated
     cells = select_shard(cells, parse_shard(args.shard) if args.shard else None)
@@ -149,7 +152,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
     spec = load_spec(args.matrix, args.strength)
     check_runnable(spec, args.device)
     names = sorted(check_faults(args.fault or list(FAULTS)))
-    jobs = jobs_option(args.jobs)
+    jobs = jobs_option(args.jobs, spec.engine)
     configure_torch()
     goldens = GoldenRuns(args.device)
     exact = True
