@@ -127,7 +127,7 @@ class ChildProcess:
     """vllm_child.py under .venv-vllm; every answer is awaited with a deadline, so a hang fails the test."""
 
     def __init__(self, python: Path) -> None:
-        self.proc = subprocess.Popen([str(python), str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([str(python), "-I", str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=sys.stderr, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

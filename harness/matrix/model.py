@@ -39,6 +39,11 @@ class Constraint:
         return all(row[factor] in levels for factor, levels in self.forbid.items())
 
 
+def matches(when: Mapping[str, tuple[object, ...]], row: Mapping[str, object]) -> bool:
+    """Whether ``row`` (factor → level) has one of the listed levels of every factor in ``when``."""
+    return all(row[factor] in levels for factor, levels in when.items())
+
+
 @dataclass(frozen=True, slots=True)
 class Expected:
     """``[[expected]]``: a declared known failure: cells matching ``when`` fail exactly ``fails``, for ``reason``."""
@@ -48,7 +53,7 @@ class Expected:
     reason: str
 
     def matches(self, row: Mapping[str, object]) -> bool:
-        return all(row.get(factor) in levels for factor, levels in self.when.items())
+        return matches(self.when, row)
 
     def to_json(self) -> dict:
         return {"when": {f: list(levels) for f, levels in self.when.items()}, "fails": list(self.fails),
@@ -65,7 +70,7 @@ class Tolerance:
     reason: str
 
     def matches(self, row: Mapping[str, object]) -> bool:
-        return all(row.get(factor) in levels for factor, levels in self.when.items())
+        return matches(self.when, row)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +82,7 @@ class WorkloadRule:
     reason: str
 
     def matches(self, row: Mapping[str, object]) -> bool:
-        """Whether ``row`` (factor → level) has one of the listed levels of every factor in ``when``."""
-        return all(row[factor] in levels for factor, levels in self.when.items())
+        return matches(self.when, row)
 
 
 @dataclass(frozen=True, slots=True)

@@ -254,6 +254,8 @@ def _metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, 
         **_spec_metrics(runs),
         **_pd_metrics(runs),
         "golden_reused": len(own_runs) < len(runs),
+        **{f"engine_{what}_seconds": round(sum(r.totals.seconds.get(what, 0.0) for r in own_runs), 4)
+           for what in sorted({what for r in own_runs for what in r.totals.seconds})},
     }
 
 

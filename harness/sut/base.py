@@ -57,6 +57,7 @@ class Totals:
 
     stats: dict[str, int]
     pd: dict | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # a real engine's own timings: start, requests
 
 
 class SystemUnderTest(Protocol):

@@ -188,15 +188,15 @@ class VllmEngine:
         )
         self.children: dict[bool, ChildProcess] = {}  # alone → its child
 
-    def child(self, alone: bool) -> ChildProcess:
-        """The cell's child (``alone``: a second one running one request at a time), started on first use."""
-        if alone not in self.children:
-            arguments = {**self.arguments, "max_num_seqs": 1} if alone else self.arguments
-            child = self.children[alone] = ChildProcess(self.env)
-            child.ask({"op": "start", "engine_args": arguments})
-        else:
+    def child(self, alone: bool) -> tuple[ChildProcess, float]:
+        """The cell's child (``alone``: a second one running one request at a time), started on first use, and
+        the seconds vLLM took to start it now (0 when it was running already)."""
+        if alone in self.children:
             self.children[alone].ask({"op": "reset"})
-        return self.children[alone]
+            return self.children[alone], 0.0
+        arguments = {**self.arguments, "max_num_seqs": 1} if alone else self.arguments
+        child = self.children[alone] = ChildProcess(self.env)
+        return child, float(_field(child.ask({"op": "start", "engine_args": arguments}), "seconds", (int, float)))
 
     def session(self, workload: Workload) -> VllmSession:
         return VllmSession(self)
@@ -216,7 +216,8 @@ class VllmSession:
     def open(self, *, tenant_suffix: str = "", alone: bool = False) -> VllmSystem:
         if tenant_suffix:
             raise ValueError("vLLM cells have no shared store: no second tenant to open")
-        return VllmSystem(self.engine.child(alone), self.engine.traits)
+        child, start_seconds = self.engine.child(alone)
+        return VllmSystem(child, self.engine.traits, start_seconds)
 
     def close(self) -> None:
         pass
@@ -225,9 +226,10 @@ class VllmSession:
 class VllmSystem:
     """The child's engine behind the system-under-test protocol; closing leaves the child to the cell."""
 
-    def __init__(self, child: ChildProcess, traits: Traits) -> None:
+    def __init__(self, child: ChildProcess, traits: Traits, start_seconds: float) -> None:
         self.child = child
         self.traits = traits
+        self.seconds = {"start": start_seconds, "requests": 0.0}
 
     def serve(self, rounds: Sequence[Sequence[RequestSpec]]) -> PassResult:
         outputs, counters = [], {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
@@ -236,22 +238,25 @@ class VllmSystem:
                 {"rid": r.rid, "prompt": list(r.prompt), "max_new_tokens": r.max_new_tokens, "priority": r.priority}
                 for r in group]})
             outputs += [request_output(out) for out in _field(answer, "outputs", list)]
+            self.seconds["requests"] += float(_field(answer, "seconds", (int, float)))
             spec = _field(answer, "spec", dict)
             for name in counters:
                 counters[name] += int(_field(spec, name, int))
         return PassResult(outputs=outputs, counters=counters)
 
     def totals(self) -> Totals:
-        return Totals(stats={})
+        return Totals(stats={}, seconds=dict(self.seconds))
 
     def close(self) -> None:
         pass
 
 
-def _field(answer: Mapping, name: str, kind: type) -> object:
+def _field(answer: Mapping, name: str, kind: type | tuple[type, ...]) -> object:
+    """``answer[name]`` if it is a ``kind``; else the answer is malformed, and the error names the field."""
     value = answer.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
-        raise EngineChildError(f"malformed answer: field {name!r} should be {kind.__name__}, got {value!r:.80}")
+    if not isinstance(value, kind) or isinstance(value, bool):
+        kinds = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise EngineChildError(f"malformed answer: field {name!r} should be {kinds}, got {value!r:.80}")
     return value
 
 
