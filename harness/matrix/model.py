@@ -142,10 +142,16 @@ class MatrixSpec:
     tolerances: tuple[Tolerance, ...] = ()
     engine_args: Mapping[str, object] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
 
-    def expected_for(self, cell: Cell) -> Expected | None:
-        """The first ``[[expected]]`` entry ``cell`` matches: the known failure it is judged against, if any."""
+    def expected_for(self, cell: Cell) -> dict | None:
+        """The known failures ``cell`` is judged against: every ``[[expected]]`` entry it matches, merged (their
+        patterns, the union of what fails, their reasons); None when it matches none."""
         row = cell.as_dict()
-        return next((entry for entry in self.expected if entry.matches(row)), None)
+        matched = [entry for entry in self.expected if entry.matches(row)]
+        if not matched:
+            return None
+        return {"when": [entry.to_json()["when"] for entry in matched],
+                "fails": list(dict.fromkeys(name for entry in matched for name in entry.fails)),
+                "reason": " | ".join(entry.reason for entry in matched)}
 
     def tolerances_for(self, cell: Cell) -> tuple[Tolerance, ...]:
         """Every ``[[tolerances]]`` entry ``cell`` matches (the loosest of each applies)."""

@@ -319,7 +319,7 @@ class CellPlan:
     faults: frozenset[str]
     engine: str = "reference"
     engine_args: dict[str, object] = field(default_factory=dict)
-    expected: dict | None = None    # the ``[[expected]]`` entry the cell matches (Expected.to_json())
+    expected: dict | None = None    # the ``[[expected]]`` entries the cell matches, merged (MatrixSpec.expected_for)
     tolerances: dict[str, float] = field(default_factory=dict)  # ``[[tolerances]]`` it matches: logprobs, tie
     cross_levels: dict[str, object] | None = None  # the reference golden serving the same weights (cross_engine)
 
@@ -355,7 +355,7 @@ def plan_cell(spec: MatrixSpec, cell: Cell, faults: frozenset[str]) -> CellPlan:
     return CellPlan(cell.cell_id, spec.name, levels, golden_levels,
                     spec_golden_levels(levels, golden_levels, spec.engine), spec.workloads_for(cell), spec.timeout_s,
                     frozenset(faults), spec.engine, dict(spec.engine_args),
-                    expected.to_json() if expected else None, tolerances,
+                    expected, tolerances,
                     {**REFERENCE.golden, "model": cross} if cross else None)
 
 
