@@ -291,6 +291,33 @@ PD_DRAFT_STATE_NOT_SENT = Fault(
     ),
 )
 
+PD_PREFILL_VERIFY_SCRATCH = Fault(
+    name="pd_prefill_verify_scratch",
+    incident="SGLang #34191 (before it): the PD prefill server allocates speculative-verify scratch it never uses",
+    triggers={"pd": PD, "spec": ("ngram", "draft", "mtp"), "model": ("hybrid",)},
+    oracle="pd_audit",
+    doc=(
+        "The prefill engine builds the per-draft-token Mamba state snapshots of verify steps as if it verified "
+        "(num_draft_tokens + 1 states per running request, every Mamba layer: ~24 GB a rank in the incident), "
+        "though a prefill server never runs TARGET_VERIFY. No token changes; only the ledger's verify scratch "
+        "shows it. Needs PD (a plain engine verifies and must have it), a proposer (no verify steps without one) "
+        "and a hybrid model (dense verify steps need no Mamba snapshots)."
+    ),
+)
+
+PD_ABORT_CACHES_PAGES = Fault(
+    name="pd_abort_caches_pages",
+    incident="SGLang #30233 / PD life cycle: an aborted transfer's pages must go back unread, never into the radix cache",
+    triggers={"pd": PD, "pd_fail_rate": (0.1, 0.2, 0.3), "cache": ("device", "host", "storage")},
+    oracle="pd_audit",
+    doc=(
+        "The decode side handles a failed transfer as if its last chunk had landed: it inserts the prompt's "
+        "preallocated pages, half of them never written, into its radix cache, where the retry (and any request "
+        "sharing the prefix) may hit them. Needs PD, lost chunks (pd_fail_rate > 0: no abort otherwise) and a "
+        "cache (cache=off adopts nothing and frees the pages). The pd matrix never set pd_fail_rate before issue 20."
+    ),
+)
+
 FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -299,7 +326,7 @@ FAULTS: dict[str, Fault] = {
         NGRAM_PROMPT_ONLY, TENANT_NAMESPACE_DROPPED, PAGE_KEY_FORGETS_PREFIX, DRAFT_PAGES_KEPT_ON_PREEMPT,
         SPLIT_SNAPSHOT_TO_HEAD, SPEC_FINISH_PAGE_LEAK, EVICT_IGNORES_LOCK,
         PD_STAGING_GRID_SHIFT, PD_VIRTUAL_IDS_ON_WIRE, PD_COMPACTION_IN_FLIGHT, PD_MAMBA_STATE_EARLY,
-        PD_DRAFT_STATE_NOT_SENT,
+        PD_DRAFT_STATE_NOT_SENT, PD_PREFILL_VERIFY_SCRATCH, PD_ABORT_CACHES_PAGES,
     )
 }
 

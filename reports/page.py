@@ -16,7 +16,7 @@ from reports.grid import grid
 
 STATUS_ORDER = {"error": 0, "fail": 1, "pass": 2, "skip": 3}
 ORACLE_ORDER = ["tokens", "logprobs", "nan", "accept_length", "cached_tokens", "batch_invariance", "completeness",
-                "pool_audit"]
+                "pool_audit", "pd_audit"]
 SHOWN_FINDINGS = 5
 #: above this many cells the passing ones start folded away: a closed <details> is parsed but not laid
 #: out, which keeps a 5,000-cell page quick to open (BENCHMARKS.md, bench_report.py).

@@ -243,6 +243,38 @@ cache = ["device"]
 prefill_budget = [32]
 """
 
+#: every proposer with and without PD over both models, on the cheapest workload: the prefill side's scratch.
+PD_SCRATCH_FAULTS = """
+[matrix]
+name = "pd_scratch_faults"
+mode = "full"
+workloads = ["pair"]
+
+[factors]
+pd = ["off", "inproc"]
+spec = ["none", "ngram", "draft", "mtp"]
+model = ["dense", "hybrid"]
+cache = ["device"]
+page_size = [16]
+prefill_budget = [32]
+"""
+
+#: lost chunks or none, with and without PD, over every cache, on prompts of several chunks (aborts happen there).
+PD_ABORT_FAULTS = """
+[matrix]
+name = "pd_abort_faults"
+mode = "full"
+workloads = ["long_prompts"]
+
+[factors]
+pd = ["off", "inproc"]
+pd_fail_rate = [0.0, 0.2]
+cache = ["off", "device", "host", "storage"]
+model = ["dense"]
+page_size = [16]
+prefill_budget = [32]
+"""
+
 MATRIX_OF = {
     "priority_scheduler_drop": SCHEDULER_FAULTS,
     "unified_extend_virtual_loc": KERNEL_FAULTS,
@@ -264,6 +296,8 @@ MATRIX_OF = {
     "pd_mamba_state_early": PD_STATE_FAULTS,
     "pd_compaction_in_flight": PD_CHURN_FAULTS,
     "pd_draft_state_not_sent": PD_SPEC_FAULTS,
+    "pd_prefill_verify_scratch": PD_SCRATCH_FAULTS,
+    "pd_abort_caches_pages": PD_ABORT_FAULTS,
 }
 
 
@@ -317,7 +351,7 @@ def test_an_error_fault_is_seen_only_through_the_exception_it_names() -> None:
 
 #: levels a fault's check matrix must cover for each trigger factor that is not a component (switches, values).
 VALUE_DOMAINS = {"deterministic": {"off", "on"}, "poison": {"off", "on"}, "pd_staging": {"off", "on"},
-                 "page_size": {1, 16}, "prefill_budget": {16, 128}}
+                 "page_size": {1, 16}, "prefill_budget": {16, 128}, "pd_fail_rate": {0.0, 0.2}}
 #: (fault, factor): why its check matrix leaves a level out (each is covered elsewhere, as said).
 UNCOVERED = {
     ("unified_no_zero_on_issue", "page_size"): "Triton under the CPU interpreter at page size 1 takes minutes a "

@@ -38,9 +38,19 @@ def baseline() -> list[RequestOutput]:
     return [output("a", [1, 2, 3, 4], cached=8), output("b", [5, 6, 7, 8], cached=0)]
 
 
+#: a PD pass whose two requests landed as their prompts and hits say (pd_audit armed)
+LEDGER = {"attempts": [{"rid": "a", "attempt": 0, "prompt_tokens": 12, "decode_hit_pages": 1, "pages_sent": 2,
+                        "outcome": "success", "prefill_hit": (8, 0, 0), "prefill_held_after": False, "decode_live_after": ()},
+                       {"rid": "b", "attempt": 0, "prompt_tokens": 4, "decode_hit_pages": 0, "pages_sent": 1,
+                        "outcome": "success", "prefill_hit": (0, 0, 0), "prefill_held_after": False, "decode_live_after": ()}],
+          "decode": {"staging_reserved": 0, "staging_released": 0, "aux_taken": 2, "aux_returned": 2},
+          "verify_scratch_bytes": {"prefill": 0, "decode": 0}}
+
+
 def test_every_oracle_passes_on_identical_results() -> None:
     verdicts = judge([view(baseline(), deterministic=True, reference=baseline(), reference_name="solo",
-                           spec_reference=baseline(), max_accept_length=4)])
+                           spec_reference=baseline(), max_accept_length=4, page_size=4, pd_ledger=LEDGER,
+                           prompts={"a": tuple(range(12)), "b": (1, 2, 3, 4)})])
     assert {name: v.status for name, v in verdicts.items()} == {name: "pass" for name in ORACLES}
 
 

@@ -197,7 +197,7 @@ def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | Non
             max_accept_length=traits.num_draft_tokens + 1, aborts_allowed=traits.aborts_allowed, spec=traits.spec,
             prompts={r.rid: r.prompt for r in requests},
             accept_band=accept_band(run.workload.name, traits.model, traits.spec, traits.num_draft_tokens),
-            counters=record.counters or None,
+            counters=record.counters or None, page_size=traits.page_size, pd_ledger=record.pd,
         ))
     return views
 

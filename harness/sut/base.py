@@ -46,6 +46,7 @@ class PassResult:
     nan_events: list = field(default_factory=list)
     audit: list[str] = field(default_factory=list)     # idle-engine integrity problems; empty when sound
     counters: dict[str, int] = field(default_factory=dict)  # decode counters over this pass alone
+    pd: dict | None = None  # PD engines: the pass's ledger (reference_impl.pd.ledger.PassLedger.to_json()); else None
 
 
 @dataclass(slots=True, kw_only=True)

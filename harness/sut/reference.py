@@ -73,8 +73,9 @@ class ReferenceSystem:
         """The rounds one after the other, then the idle engine's audit."""
         seen, before = len(self.engine.nan_events), replace(self.engine.stats)
         outputs = [out for group in rounds for out in self.engine.generate(group)]
+        ledger = self.engine.take_ledger().to_json() if isinstance(self.engine, DisaggEngine) else None
         return PassResult(outputs=outputs, nan_events=self.engine.nan_events[seen:], audit=self.engine.audit(),
-                          counters=_counted(before, self.engine.stats, DECODE_COUNTERS))
+                          counters=_counted(before, self.engine.stats, DECODE_COUNTERS), pd=ledger)
 
     def totals(self) -> Totals:
         pd = self.engine.counters() if isinstance(self.engine, DisaggEngine) else None
