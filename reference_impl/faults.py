@@ -230,7 +230,7 @@ PD_STAGING_GRID_SHIFT = Fault(
     name="pd_staging_grid_shift",
     incident="SGLang #30545: PD staging locates chunks by start_page // full_chunk_pages, assuming an even grid from page 0",
     triggers={"pd": PD, "pd_staging": ("on",), "model": ("dense",), "cache": ("device", "host", "storage"),
-              "prefill_budget": (16, 32)},
+              "prefill_budget": (16, 24, 32)},
     oracle="logprobs",
     doc=(
         "The prefill side writes grid cell g of a transfer into staging slot base + g, while the decode side "
@@ -318,6 +318,21 @@ PD_ABORT_CACHES_PAGES = Fault(
     ),
 )
 
+PD_PARTIAL_PAGE_EARLY = Fault(
+    name="pd_partial_page_early",
+    incident="SGLang #33362 / PD life cycle: only whole pages leave before the last chunk (the partial page waits)",
+    triggers={"pd": PD, "deterministic": ("off",), "page_size": (2, 4, 8, 16, 32, 64)},
+    oracle="logprobs",
+    doc=(
+        "The sender rounds a request's computed tokens up to pages, not down: a chunk that ends inside a page sends "
+        "that page half written and counts it as sent, so the tokens the next chunk computes into it never reach "
+        "the decode side, which attends to unwritten slots. Needs PD and a chunk that ends off the page grid: with "
+        "deterministic off, a prefill budget that is not a multiple of the page (24 at page 16), or any budget a "
+        "step shares among several requests; deterministic prefill cuts on the 16-token grid, so at page 16 every "
+        "chunk end is a page end, and at page 1 every page is whole. The pd matrix ran deterministic only."
+    ),
+)
+
 FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -327,6 +342,7 @@ FAULTS: dict[str, Fault] = {
         SPLIT_SNAPSHOT_TO_HEAD, SPEC_FINISH_PAGE_LEAK, EVICT_IGNORES_LOCK,
         PD_STAGING_GRID_SHIFT, PD_VIRTUAL_IDS_ON_WIRE, PD_COMPACTION_IN_FLIGHT, PD_MAMBA_STATE_EARLY,
         PD_DRAFT_STATE_NOT_SENT, PD_PREFILL_VERIFY_SCRATCH, PD_ABORT_CACHES_PAGES,
+        PD_PARTIAL_PAGE_EARLY,
     )
 }
 

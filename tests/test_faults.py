@@ -275,6 +275,24 @@ page_size = [16]
 prefill_budget = [32]
 """
 
+#: chunk ends on and off the page grid: deterministic or not, at both page sizes, an off-grid and the largest budget
+#: (long_prompts: three prompts share one step's budget, so even 128 cuts inside a page).
+PD_PARTIAL_FAULTS = """
+[matrix]
+name = "pd_partial_faults"
+mode = "full"
+workloads = ["long_prompts"]
+
+[factors]
+pd = ["off", "inproc"]
+pd_staging = ["off", "on"]
+deterministic = ["off", "on"]
+page_size = [1, 16]
+prefill_budget = [24, 128]
+cache = ["device"]
+model = ["dense"]
+"""
+
 MATRIX_OF = {
     "priority_scheduler_drop": SCHEDULER_FAULTS,
     "unified_extend_virtual_loc": KERNEL_FAULTS,
@@ -298,6 +316,7 @@ MATRIX_OF = {
     "pd_draft_state_not_sent": PD_SPEC_FAULTS,
     "pd_prefill_verify_scratch": PD_SCRATCH_FAULTS,
     "pd_abort_caches_pages": PD_ABORT_FAULTS,
+    "pd_partial_page_early": PD_PARTIAL_FAULTS,
 }
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import EngineStallError, EngineStats
+from reference_impl.faults import PD_PARTIAL_PAGE_EARLY
 from reference_impl.pd.ledger import DECODE_COUNTS, AttemptRecord, PassLedger
 from reference_impl.pd.prefill import KVSender, PrefillEngine
 from reference_impl.pd.transfer import Transfer, TransferFailed, TransferState
@@ -149,7 +150,9 @@ class DisaggEngine:
             if req is None:
                 continue
             last = t.rid in self.prefill.inflight
-            end = len(req.pages) if last else min(req.num_computed // page_size, len(req.pages))
+            whole = -(-req.num_computed // page_size) if PD_PARTIAL_PAGE_EARLY.name in self.config.faults \
+                else req.num_computed // page_size  # the fault: a page half computed counts as sent
+            end = len(req.pages) if last else min(whole, len(req.pages))
             if not last and end <= t.next_page:
                 continue
             progressed = True

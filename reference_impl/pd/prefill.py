@@ -113,8 +113,9 @@ class KVSender:
         """Send pages ``t.next_page .. end_page - 1`` of ``req`` (and, when ``last``, its state and record)."""
         start = t.next_page
         physical = handoff_pages(self.engine.pools, req.pages[start:end_page], self.faults)
-        pieces = (grid_cells(start, end_page, self.decode.chunk_pages) if self.decode.staging
-                  else [(None, start, end_page - start)])
+        # a last chunk with no page left to send still carries the state and the record: one piece, no pages
+        pieces = (grid_cells(start, end_page, self.decode.chunk_pages) if self.decode.staging else []) \
+            or [(None, start, end_page - start)]
         for i, (cell, first, count) in enumerate(pieces):
             final = last and i == len(pieces) - 1
             own = physical[first - start : first - start + count]
