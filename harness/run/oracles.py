@@ -315,8 +315,8 @@ def _relative_findings(view: PassView, cold: dict[str, list[RequestOutput]]) -> 
 def _band_findings(view: PassView) -> list[dict]:
     """The pass's mean accept length (requests never preempted) inside the band measured for this workload and
     proposer, not taken from golden."""
-    if view.accept_band is None:
-        return []
+    if view.accept_band is None or any(o.finish_reason == "aborted" for o in view.outputs):
+        return []  # a pass that lost requests to failed transfers does not average over the workload's requests
     lo, hi = view.accept_band
     # a preempted request restarts its step grid with a token from prefill: its steps are not the workload's
     got = _mean_or_one([o for o in view.outputs if o.finish_reason == "length" and not o.preemptions])
