@@ -224,6 +224,21 @@ EVICT_IGNORES_LOCK = Fault(
     ),
 )
 
+HOST_DEMOTES_AS_OLDEST = Fault(
+    name="host_demotes_as_oldest",
+    incident="class: SGLang HiRadixCache write-through eviction: a node evicted from device must become the host "
+             "pool's most recent copy, not its next victim",
+    triggers={"cache": ("host", "storage")},
+    oracle="cached_tokens",
+    doc=(
+        "When L1 evicts a page whose copy L2 holds (write-through), L2 marks that copy least recently used instead "
+        "of most: the next L2 pressure drops the prefix L1 just gave up, before older copies nobody asked for. "
+        "Needs L2 full after L1 evicted a shared head that is asked for again (demoted_head); with cache=storage "
+        "L3 re-supplies the head (the total is unchanged, which is how it hid) but from the store instead of L2, "
+        "which the exact per-tier split sees. cache=device has no L2."
+    ),
+)
+
 PD = ("inproc", "nixl", "mooncake")
 
 PD_STAGING_GRID_SHIFT = Fault(
@@ -339,7 +354,7 @@ FAULTS: dict[str, Fault] = {
         PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE, SLOT_STRIDE_INT32,
         DRAFT_STATE_NOT_CACHED, MTP_LAYER_INDEX_OOB, HICACHE_DRAFT_NOT_RESTORED, MAMBA_WHOLE_BLOCK_OFFLOAD,
         NGRAM_PROMPT_ONLY, TENANT_NAMESPACE_DROPPED, PAGE_KEY_FORGETS_PREFIX, DRAFT_PAGES_KEPT_ON_PREEMPT,
-        SPLIT_SNAPSHOT_TO_HEAD, SPEC_FINISH_PAGE_LEAK, EVICT_IGNORES_LOCK,
+        SPLIT_SNAPSHOT_TO_HEAD, SPEC_FINISH_PAGE_LEAK, EVICT_IGNORES_LOCK, HOST_DEMOTES_AS_OLDEST,
         PD_STAGING_GRID_SHIFT, PD_VIRTUAL_IDS_ON_WIRE, PD_COMPACTION_IN_FLIGHT, PD_MAMBA_STATE_EARLY,
         PD_DRAFT_STATE_NOT_SENT, PD_PREFILL_VERIFY_SCRATCH, PD_ABORT_CACHES_PAGES,
         PD_PARTIAL_PAGE_EARLY,

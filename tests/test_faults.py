@@ -293,6 +293,19 @@ cache = ["device"]
 model = ["dense"]
 """
 
+#: every cache, both models and page sizes, on the workload where L2 pressure follows L1 demoting a shared head.
+DEMOTE_FAULTS = """
+[matrix]
+name = "demote_faults"
+mode = "full"
+workloads = ["demoted_head"]
+
+[factors]
+model = ["dense", "hybrid"]
+cache = ["off", "device", "host", "storage"]
+page_size = [1, 16]
+"""
+
 MATRIX_OF = {
     "priority_scheduler_drop": SCHEDULER_FAULTS,
     "unified_extend_virtual_loc": KERNEL_FAULTS,
@@ -317,6 +330,7 @@ MATRIX_OF = {
     "pd_prefill_verify_scratch": PD_SCRATCH_FAULTS,
     "pd_abort_caches_pages": PD_ABORT_FAULTS,
     "pd_partial_page_early": PD_PARTIAL_FAULTS,
+    "host_demotes_as_oldest": DEMOTE_FAULTS,
 }
 
 
