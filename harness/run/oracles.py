@@ -297,9 +297,12 @@ def _relative_findings(view: PassView, cold: dict[str, list[RequestOutput]]) -> 
     if view.name == "warm" and view.workload in cold:
         references.append(("cold", cold[view.workload]))
     for against, reference in references:
-        # only requests present on both sides: a lost request is completeness's finding, not this one's
-        outputs = [o for o in reference if o.rid in {o.rid for o in view.outputs}]
-        got = _mean_or_one([o for o in view.outputs if o.rid in {o.rid for o in reference}])
+        # only requests present on both sides: a lost request is completeness's finding, not this one's, and one
+        # aborted after failed transfers (PD with pd_fail_rate) decoded nothing to compare
+        present = ({o.rid for o in view.outputs if o.finish_reason != "aborted"}
+                   & {o.rid for o in reference if o.finish_reason != "aborted"})
+        outputs = [o for o in reference if o.rid in present]
+        got = _mean_or_one([o for o in view.outputs if o.rid in present])
         want = _mean_or_one(outputs)
         if got < want * (1 - ACCEPT_TOLERANCE) or got > view.max_accept_length:
             findings.append({
