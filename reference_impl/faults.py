@@ -224,6 +224,22 @@ EVICT_IGNORES_LOCK = Fault(
     ),
 )
 
+DRAFT_CHAIN_DEFAULT_STEPS = Fault(
+    name="draft_chain_default_steps",
+    incident="class: a draft model's chain sized by the default speculative step count (3), not by num_draft_tokens "
+             "(cf. SGLang #34234: a draft pool sized by another proposer's assumption)",
+    triggers={"spec": ("draft", "mtp"), "num_draft_tokens": (4, 5, 6, 7, 8)},
+    oracle="accept_length",
+    doc=(
+        "The draft chain keeps each step's hidden in a ring of three slots, as a buffer sized for three "
+        "speculative steps does: at k ≤ 3 it never wraps, at k ≥ 4 the fourth draft reads the first step's hidden "
+        "again (it repeats the first draft) and is mostly rejected. Tokens stay the target's; accept length drops below the band measured "
+        "at that k (bands existed at k = 3 only before issue 20). ngram drafts without a chain; k ≤ 3 is untouched. "
+        "At k = 4 a hybrid model loses about 5% of its accept length, inside the band margin on some workloads: "
+        "the spec matrix crosses k = 5, where every draft and MTP cell shows it."
+    ),
+)
+
 HOST_DEMOTES_AS_OLDEST = Fault(
     name="host_demotes_as_oldest",
     incident="class: SGLang HiRadixCache write-through eviction: a node evicted from device must become the host "
@@ -355,6 +371,7 @@ FAULTS: dict[str, Fault] = {
         DRAFT_STATE_NOT_CACHED, MTP_LAYER_INDEX_OOB, HICACHE_DRAFT_NOT_RESTORED, MAMBA_WHOLE_BLOCK_OFFLOAD,
         NGRAM_PROMPT_ONLY, TENANT_NAMESPACE_DROPPED, PAGE_KEY_FORGETS_PREFIX, DRAFT_PAGES_KEPT_ON_PREEMPT,
         SPLIT_SNAPSHOT_TO_HEAD, SPEC_FINISH_PAGE_LEAK, EVICT_IGNORES_LOCK, HOST_DEMOTES_AS_OLDEST,
+        DRAFT_CHAIN_DEFAULT_STEPS,
         PD_STAGING_GRID_SHIFT, PD_VIRTUAL_IDS_ON_WIRE, PD_COMPACTION_IN_FLIGHT, PD_MAMBA_STATE_EARLY,
         PD_DRAFT_STATE_NOT_SENT, PD_PREFILL_VERIFY_SCRATCH, PD_ABORT_CACHES_PAGES,
         PD_PARTIAL_PAGE_EARLY,

@@ -306,6 +306,27 @@ cache = ["off", "device", "host", "storage"]
 page_size = [1, 16]
 """
 
+#: every proposer and model at the default k, below it and above it (the chain wraps past three steps), on the
+#: workloads whose drafts run longest (repeated text, long prompts).
+CHAIN_FAULTS = """
+[matrix]
+name = "chain_faults"
+mode = "full"
+workloads = ["long_prompts", "repeated_phrases"]
+
+[factors]
+spec = ["none", "ngram", "draft", "mtp"]
+model = ["dense", "hybrid"]
+num_draft_tokens = [3, 2, 5]
+cache = ["device"]
+page_size = [16]
+deterministic = ["off"]
+
+[[constraints]]
+forbid = { spec = "none", num_draft_tokens = [2, 5] }
+reason = "no k without a proposer"
+"""
+
 MATRIX_OF = {
     "priority_scheduler_drop": SCHEDULER_FAULTS,
     "unified_extend_virtual_loc": KERNEL_FAULTS,
@@ -331,6 +352,7 @@ MATRIX_OF = {
     "pd_abort_caches_pages": PD_ABORT_FAULTS,
     "pd_partial_page_early": PD_PARTIAL_FAULTS,
     "host_demotes_as_oldest": DEMOTE_FAULTS,
+    "draft_chain_default_steps": CHAIN_FAULTS,
 }
 
 
@@ -384,7 +406,8 @@ def test_an_error_fault_is_seen_only_through_the_exception_it_names() -> None:
 
 #: levels a fault's check matrix must cover for each trigger factor that is not a component (switches, values).
 VALUE_DOMAINS = {"deterministic": {"off", "on"}, "poison": {"off", "on"}, "pd_staging": {"off", "on"},
-                 "page_size": {1, 16}, "prefill_budget": {16, 128}, "pd_fail_rate": {0.0, 0.2}}
+                 "page_size": {1, 16}, "prefill_budget": {16, 128}, "pd_fail_rate": {0.0, 0.2},
+                 "num_draft_tokens": {2, 3, 5}}
 #: (fault, factor): why its check matrix leaves a level out (each is covered elsewhere, as said).
 UNCOVERED = {
     ("unified_no_zero_on_issue", "page_size"): "Triton under the CPU interpreter at page size 1 takes minutes a "
