@@ -224,6 +224,22 @@ EVICT_IGNORES_LOCK = Fault(
     ),
 )
 
+EVICT_COUNTS_LEAVES = Fault(
+    name="evict_counts_leaves",
+    incident="class: an eviction loop that counts the leaves it removed, not their pages (cf. SGLang RadixCache.evict, "
+             "num_evicted += len(x.value)), so it frees more than it was asked to",
+    triggers={"cache": ("device", "host", "storage"), "model": ("dense",), "spec": ("none",)},
+    oracle="cached_tokens",
+    doc=(
+        "Each evicted leaf counts as one page however many it held: asked for n pages, L1 frees n leaves, and "
+        "prefixes a later request would have hit are gone (cache=device: a lost hit; host and storage: the hit "
+        "comes back from L2, the total unchanged, the split not). Inside the band [0, best hit] of a capped "
+        "pass; seen where the independent cache model gives the exact hit per tier (leaf_pressure, served one "
+        "request at a time): a dense model without a proposer. Hybrid and speculative cells lose the same hit, "
+        "inside the band they keep (Mamba snapshots and draft pages are not modelled). cache=off has no tree."
+    ),
+)
+
 DRAFT_CHAIN_DEFAULT_STEPS = Fault(
     name="draft_chain_default_steps",
     incident="class: a draft model's chain sized by the default speculative step count (3), not by num_draft_tokens "
@@ -371,7 +387,7 @@ FAULTS: dict[str, Fault] = {
         DRAFT_STATE_NOT_CACHED, MTP_LAYER_INDEX_OOB, HICACHE_DRAFT_NOT_RESTORED, MAMBA_WHOLE_BLOCK_OFFLOAD,
         NGRAM_PROMPT_ONLY, TENANT_NAMESPACE_DROPPED, PAGE_KEY_FORGETS_PREFIX, DRAFT_PAGES_KEPT_ON_PREEMPT,
         SPLIT_SNAPSHOT_TO_HEAD, SPEC_FINISH_PAGE_LEAK, EVICT_IGNORES_LOCK, HOST_DEMOTES_AS_OLDEST,
-        DRAFT_CHAIN_DEFAULT_STEPS,
+        DRAFT_CHAIN_DEFAULT_STEPS, EVICT_COUNTS_LEAVES,
         PD_STAGING_GRID_SHIFT, PD_VIRTUAL_IDS_ON_WIRE, PD_COMPACTION_IN_FLIGHT, PD_MAMBA_STATE_EARLY,
         PD_DRAFT_STATE_NOT_SENT, PD_PREFILL_VERIFY_SCRATCH, PD_ABORT_CACHES_PAGES,
         PD_PARTIAL_PAGE_EARLY,

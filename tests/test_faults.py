@@ -327,6 +327,27 @@ forbid = { spec = "none", num_draft_tokens = [2, 5] }
 reason = "no k without a proposer"
 """
 
+#: every cache, model and proposer at both page sizes, on the workload served one request at a time under pressure
+#: (the independent cache model is exact there for a dense model without a proposer). 2-wise, with the trigger's
+#: three factors 3-wise.
+LEAF_FAULTS = """
+[matrix]
+name = "leaf_faults"
+mode = "t-wise"
+strength = 2
+workloads = ["leaf_pressure"]
+
+[factors]
+cache = ["off", "device", "host", "storage"]
+model = ["dense", "hybrid"]
+spec = ["none", "ngram", "draft", "mtp"]
+page_size = [1, 16]
+
+[[stronger]]
+factors = ["cache", "model", "spec"]
+strength = 3
+"""
+
 MATRIX_OF = {
     "priority_scheduler_drop": SCHEDULER_FAULTS,
     "unified_extend_virtual_loc": KERNEL_FAULTS,
@@ -353,6 +374,7 @@ MATRIX_OF = {
     "pd_partial_page_early": PD_PARTIAL_FAULTS,
     "host_demotes_as_oldest": DEMOTE_FAULTS,
     "draft_chain_default_steps": CHAIN_FAULTS,
+    "evict_counts_leaves": LEAF_FAULTS,
 }
 
 

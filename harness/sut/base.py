@@ -36,6 +36,8 @@ class Traits:
     model: str                 # the model level (names the accept band)
     tiers: tuple[str, ...] = ()  # the cache's tiers below L1 ("host", "storage")
     aborts_allowed: bool = False  # PD cells that inject transport failures may end requests "aborted"
+    pd: bool = False  # a prefill engine and a decode server: the client's hit is the prefill side's, which never decodes
+    model_cache: bool = False  # its cache follows fixtures/workloads/cache_model.py's rules (the reference engine's do)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -67,6 +67,7 @@ class ReferenceSystem:
             chunk_size=config.model.mamba.chunk_size, state_interval=config.state_interval,
             spec=str(engine_levels(levels)["spec"]), model=config.model.name,
             tiers=tuple(self.engine.cache.lower_tiers), aborts_allowed=config.pd_fail_rate > 0,
+            pd=config.pd is not None, model_cache=True,
         )
 
     def serve(self, rounds: Sequence[Sequence[RequestSpec]]) -> PassResult:
