@@ -79,7 +79,10 @@ def enumerate_mutants(tree: Path, group: str, package: str) -> list:
     config.write_text(f'[cosmic-ray]\nmodule-path = "{package}"\ntimeout = {JUDGE_TIMEOUT_S}\nexcluded-modules = []\n'
                       f'test-command = "{sys.executable} benchmarks/mutation.py judge"\n'
                       '[cosmic-ray.distributor]\nname = "local"\n')
-    subprocess.run([str(Path(sys.executable).parent / "cosmic-ray"), "init", str(config), str(session)], cwd=tree, check=True)
+    # next to this interpreter (make mutation installs it there), else wherever PATH finds it (pip --target)
+    cosmic_ray = Path(sys.executable).parent / "cosmic-ray"
+    cosmic_ray = str(cosmic_ray) if cosmic_ray.exists() else shutil.which("cosmic-ray") or str(cosmic_ray)
+    subprocess.run([cosmic_ray, "init", str(config), str(session)], cwd=tree, check=True)
     with use_db(str(session), WorkDB.Mode.open) as db:
         return list(db.work_items)
 
