@@ -37,7 +37,7 @@ quick: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
-# mutation score of reference_impl's cache, memory, spec and engine (not CI: ~40 min on 2 cores; BENCHMARKS.md)
+# mutation score of reference_impl's pd, cache, memory, spec and engine (not CI: ~40 min on 2 cores at 12 a group; BENCHMARKS.md)
 MUTANTS_PER_GROUP ?= 12
 mutation: $(STAMP)
 	$(PY) -m pip install --quiet cosmic-ray==8.7.0

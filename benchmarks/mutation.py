@@ -1,9 +1,9 @@
 """Mutation score: of the one-line slips Cosmic Ray makes in reference_impl, how many the matrix kills.
 
-Cosmic Ray (``cosmic-ray``, its standard operators) enumerates the mutants of each module group (cache,
+Cosmic Ray (``cosmic-ray``, its standard operators) enumerates the mutants of each module group (pd, cache,
 memory, spec, engine) and applies them one at a time; a seeded sample of each group is judged first by the
 mutation matrix (``benchmarks/mutation.toml``: torch backend, the smallest workloads that still exercise
-each mechanism) and, where the matrix passes, by that group's unit tests. Everything runs in a scratch copy
+each mechanism; the pd group by ``benchmarks/mutation_pd.toml``, in-process PD) and, where the matrix passes, by that group's unit tests. Everything runs in a scratch copy
 of the tracked tree, so a mutant never lands in the working tree, even when the run is killed.
 
     python benchmarks/mutation.py run [--per-group N] [--seed S] [--out DIR]   # `make mutation`
@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 #: module groups mutated, and the unit tests that judge a mutant the matrix let through.
 GROUPS = {
+    "pd": ("reference_impl/pd", ["tests/test_pd.py", "tests/test_pd_audit.py"]),
     "cache": ("reference_impl/cache", ["tests/test_radix_cache.py", "tests/test_tiers.py", "tests/test_stores.py"]),
     "memory": ("reference_impl/memory", ["tests/test_unified_pool.py", "tests/test_poison.py", "tests/test_tiers.py",
                                          "tests/test_pd.py"]),
@@ -38,14 +39,18 @@ GROUPS = {
 JUDGE_TIMEOUT_S, UNIT_TIMEOUT_S = 300, 300
 
 
-def judge() -> int:
-    """Run the mutation matrix on the tree as it is; print each failing cell's oracles; 1 if any cell fails."""
+#: the judge matrix of each group (benchmarks/NAME.toml); the others use ``mutation``
+JUDGES = {"pd": "mutation_pd"}
+
+
+def judge(matrix: str = "mutation") -> int:
+    """Run a mutation matrix on the tree as it is; print each failing cell's oracles; 1 if any cell fails."""
     from harness.matrix.model import generate
     from harness.matrix.file import load_matrix
     from harness.run.runner import GoldenRuns, configure_torch, run_cell
 
     configure_torch()
-    spec, goldens, failed = load_matrix(str(ROOT / "benchmarks" / "mutation.toml")), GoldenRuns(), 0
+    spec, goldens, failed = load_matrix(str(ROOT / "benchmarks" / f"{matrix}.toml")), GoldenRuns(), 0
     for cell in generate(spec):
         result = run_cell(spec, cell, faults=frozenset(), goldens=goldens)
         if result.status != "pass":
@@ -74,18 +79,22 @@ def enumerate_mutants(tree: Path, group: str, package: str) -> list:
     config.write_text(f'[cosmic-ray]\nmodule-path = "{package}"\ntimeout = {JUDGE_TIMEOUT_S}\nexcluded-modules = []\n'
                       f'test-command = "{sys.executable} benchmarks/mutation.py judge"\n'
                       '[cosmic-ray.distributor]\nname = "local"\n')
-    subprocess.run([str(Path(sys.executable).parent / "cosmic-ray"), "init", str(config), str(session)], cwd=tree, check=True)
+    # next to this interpreter (make mutation installs it there), else wherever PATH finds it (pip --target)
+    cosmic_ray = Path(sys.executable).parent / "cosmic-ray"
+    cosmic_ray = str(cosmic_ray) if cosmic_ray.exists() else shutil.which("cosmic-ray") or str(cosmic_ray)
+    subprocess.run([cosmic_ray, "init", str(config), str(session)], cwd=tree, check=True)
     with use_db(str(session), WorkDB.Mode.open) as db:
         return list(db.work_items)
 
 
-def judge_one(item: object, units: list[str]) -> dict:
+def judge_one(item: object, units: list[str], matrix: str = "mutation") -> dict:
     """The verdict on one mutant: killed by the matrix, killed only by the unit tests, survived (or incompetent)."""
     from cosmic_ray.mutating import mutate_and_test
     from cosmic_ray.work_item import TestOutcome
 
     started = time.perf_counter()
-    matrix = mutate_and_test(item.mutations, f"{sys.executable} benchmarks/mutation.py judge", JUDGE_TIMEOUT_S)
+    matrix = mutate_and_test(item.mutations, f"{sys.executable} benchmarks/mutation.py judge --matrix {matrix}",
+                             JUDGE_TIMEOUT_S)
     verdict, output = "matrix", matrix.output or ""
     if matrix.test_outcome == TestOutcome.SURVIVED:
         unit = mutate_and_test(item.mutations, f"{sys.executable} -m pytest -x -q -p no:xdist -p no:cacheprovider "
@@ -108,16 +117,18 @@ def run(per_group: int, seed: int, out: Path, groups: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     os.chdir(tree)
     try:
-        baseline = subprocess.run([sys.executable, "benchmarks/mutation.py", "judge"], capture_output=True, text=True)
-        if baseline.returncode:  # a judge that fails unmutated would count every mutant as killed
-            raise SystemExit(f"the mutation matrix fails without a mutant:\n{baseline.stdout}{baseline.stderr}")
+        for name in sorted({JUDGES.get(g, "mutation") for g in groups}):
+            baseline = subprocess.run([sys.executable, "benchmarks/mutation.py", "judge", "--matrix", name],
+                                      capture_output=True, text=True)
+            if baseline.returncode:  # a judge that fails unmutated would count every mutant as killed
+                raise SystemExit(f"the {name} matrix fails without a mutant:\n{baseline.stdout}{baseline.stderr}")
         for group in groups:
             package, units = GROUPS[group]
             items = enumerate_mutants(tree, group, package)
             sample = sorted(rng.sample(items, min(per_group, len(items))), key=lambda i: i.job_id)
             group_started = time.perf_counter()
             for item in sample:
-                rows.append({"group": group, **judge_one(item, units)})
+                rows.append({"group": group, **judge_one(item, units, JUDGES.get(group, "mutation"))})
                 print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("diff", "matrix_output")}), flush=True)
             counts = Counter(r["verdict"] for r in rows if r["group"] == group)
             table.append({"group": group, "generated": len(items), "sampled": len(sample), **counts,
@@ -150,9 +161,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "out" / "mutation")
     parser.add_argument("--groups", nargs="+", choices=list(GROUPS), default=list(GROUPS))
+    parser.add_argument("--matrix", default="mutation", help="judge: the matrix under benchmarks/ (mutation, mutation_pd)")
     args = parser.parse_args()
     if args.command == "judge":
-        return judge()
+        return judge(args.matrix)
     run(args.per_group, args.seed, args.out, args.groups)
     return 0
 

@@ -224,13 +224,60 @@ EVICT_IGNORES_LOCK = Fault(
     ),
 )
 
+EVICT_COUNTS_LEAVES = Fault(
+    name="evict_counts_leaves",
+    incident="class: an eviction loop that counts the leaves it removed, not their pages (cf. SGLang RadixCache.evict, "
+             "num_evicted += len(x.value)), so it frees more than it was asked to",
+    triggers={"cache": ("device", "host", "storage"), "model": ("dense",), "spec": ("none",)},
+    oracle="cached_tokens",
+    doc=(
+        "Each evicted leaf counts as one page however many it held: asked for n pages, L1 frees n leaves, and "
+        "prefixes a later request would have hit are gone (cache=device: a lost hit; host and storage: the hit "
+        "comes back from L2, the total unchanged, the split not). Inside the band [0, best hit] of a capped "
+        "pass; seen where the independent cache model gives the exact hit per tier (leaf_pressure, served one "
+        "request at a time): a dense model without a proposer. Hybrid and speculative cells lose the same hit, "
+        "inside the band they keep (Mamba snapshots and draft pages are not modelled). cache=off has no tree."
+    ),
+)
+
+DRAFT_CHAIN_DEFAULT_STEPS = Fault(
+    name="draft_chain_default_steps",
+    incident="class: a draft model's chain sized by the default speculative step count (3), not by num_draft_tokens "
+             "(cf. SGLang #34234: a draft pool sized by another proposer's assumption)",
+    triggers={"spec": ("draft", "mtp"), "num_draft_tokens": (4, 5, 6, 7, 8)},
+    oracle="accept_length",
+    doc=(
+        "The draft chain keeps each step's hidden in a ring of three slots, as a buffer sized for three "
+        "speculative steps does: at k ≤ 3 it never wraps, at k ≥ 4 the fourth draft reads the first step's hidden "
+        "again (it repeats the first draft) and is mostly rejected. Tokens stay the target's; accept length drops below the band measured "
+        "at that k (bands existed at k = 3 only before issue 20). ngram drafts without a chain; k ≤ 3 is untouched. "
+        "At k = 4 a hybrid model loses about 5% of its accept length, inside the band margin on some workloads: "
+        "the spec matrix crosses k = 5, where every draft and MTP cell shows it."
+    ),
+)
+
+HOST_DEMOTES_AS_OLDEST = Fault(
+    name="host_demotes_as_oldest",
+    incident="class: SGLang HiRadixCache write-through eviction: a node evicted from device must become the host "
+             "pool's most recent copy, not its next victim",
+    triggers={"cache": ("host", "storage")},
+    oracle="cached_tokens",
+    doc=(
+        "When L1 evicts a page whose copy L2 holds (write-through), L2 marks that copy least recently used instead "
+        "of most: the next L2 pressure drops the prefix L1 just gave up, before older copies nobody asked for. "
+        "Needs L2 full after L1 evicted a shared head that is asked for again (demoted_head); with cache=storage "
+        "L3 re-supplies the head (the total is unchanged, which is how it hid) but from the store instead of L2, "
+        "which the exact per-tier split sees. cache=device has no L2."
+    ),
+)
+
 PD = ("inproc", "nixl", "mooncake")
 
 PD_STAGING_GRID_SHIFT = Fault(
     name="pd_staging_grid_shift",
     incident="SGLang #30545: PD staging locates chunks by start_page // full_chunk_pages, assuming an even grid from page 0",
     triggers={"pd": PD, "pd_staging": ("on",), "model": ("dense",), "cache": ("device", "host", "storage"),
-              "prefill_budget": (16, 32)},
+              "prefill_budget": (16, 24, 32)},
     oracle="logprobs",
     doc=(
         "The prefill side writes grid cell g of a transfer into staging slot base + g, while the decode side "
@@ -291,15 +338,59 @@ PD_DRAFT_STATE_NOT_SENT = Fault(
     ),
 )
 
+PD_PREFILL_VERIFY_SCRATCH = Fault(
+    name="pd_prefill_verify_scratch",
+    incident="SGLang #34191 (before it): the PD prefill server allocates speculative-verify scratch it never uses",
+    triggers={"pd": PD, "spec": ("ngram", "draft", "mtp"), "model": ("hybrid",)},
+    oracle="pd_audit",
+    doc=(
+        "The prefill engine builds the per-draft-token Mamba state snapshots of verify steps as if it verified "
+        "(num_draft_tokens + 1 states per running request, every Mamba layer: ~24 GB a rank in the incident), "
+        "though a prefill server never runs TARGET_VERIFY. No token changes; only the ledger's verify scratch "
+        "shows it. Needs PD (a plain engine verifies and must have it), a proposer (no verify steps without one) "
+        "and a hybrid model (dense verify steps need no Mamba snapshots)."
+    ),
+)
+
+PD_ABORT_CACHES_PAGES = Fault(
+    name="pd_abort_caches_pages",
+    incident="SGLang #30233 / PD life cycle: an aborted transfer's pages must go back unread, never into the radix cache",
+    triggers={"pd": PD, "pd_fail_rate": (0.1, 0.2, 0.3), "cache": ("device", "host", "storage")},
+    oracle="pd_audit",
+    doc=(
+        "The decode side handles a failed transfer as if its last chunk had landed: it inserts the prompt's "
+        "preallocated pages, half of them never written, into its radix cache, where the retry (and any request "
+        "sharing the prefix) may hit them. Needs PD, lost chunks (pd_fail_rate > 0: no abort otherwise) and a "
+        "cache (cache=off adopts nothing and frees the pages). The pd matrix never set pd_fail_rate before issue 20."
+    ),
+)
+
+PD_PARTIAL_PAGE_EARLY = Fault(
+    name="pd_partial_page_early",
+    incident="SGLang #33362 / PD life cycle: only whole pages leave before the last chunk (the partial page waits)",
+    triggers={"pd": PD, "deterministic": ("off",), "page_size": (2, 4, 8, 16, 32, 64)},
+    oracle="logprobs",
+    doc=(
+        "The sender rounds a request's computed tokens up to pages, not down: a chunk that ends inside a page sends "
+        "that page half written and counts it as sent, so the tokens the next chunk computes into it never reach "
+        "the decode side, which attends to unwritten slots. Needs PD and a chunk that ends off the page grid: with "
+        "deterministic off, a prefill budget that is not a multiple of the page (24 at page 16), or any budget a "
+        "step shares among several requests; deterministic prefill cuts on the 16-token grid, so at page 16 every "
+        "chunk end is a page end, and at page 1 every page is whole. The pd matrix ran deterministic only."
+    ),
+)
+
 FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
         PRIORITY_SCHEDULER_DROP, UNIFIED_EXTEND_VIRTUAL_LOC, UNIFIED_NO_ZERO_ON_ISSUE, SLOT_STRIDE_INT32,
         DRAFT_STATE_NOT_CACHED, MTP_LAYER_INDEX_OOB, HICACHE_DRAFT_NOT_RESTORED, MAMBA_WHOLE_BLOCK_OFFLOAD,
         NGRAM_PROMPT_ONLY, TENANT_NAMESPACE_DROPPED, PAGE_KEY_FORGETS_PREFIX, DRAFT_PAGES_KEPT_ON_PREEMPT,
-        SPLIT_SNAPSHOT_TO_HEAD, SPEC_FINISH_PAGE_LEAK, EVICT_IGNORES_LOCK,
+        SPLIT_SNAPSHOT_TO_HEAD, SPEC_FINISH_PAGE_LEAK, EVICT_IGNORES_LOCK, HOST_DEMOTES_AS_OLDEST,
+        DRAFT_CHAIN_DEFAULT_STEPS, EVICT_COUNTS_LEAVES,
         PD_STAGING_GRID_SHIFT, PD_VIRTUAL_IDS_ON_WIRE, PD_COMPACTION_IN_FLIGHT, PD_MAMBA_STATE_EARLY,
-        PD_DRAFT_STATE_NOT_SENT,
+        PD_DRAFT_STATE_NOT_SENT, PD_PREFILL_VERIFY_SCRATCH, PD_ABORT_CACHES_PAGES,
+        PD_PARTIAL_PAGE_EARLY,
     )
 }
 

@@ -18,7 +18,7 @@ STATUS_ORDER = {"error": 0, "fail": 1, "xpass": 2, "xfail": 3, "pass": 4, "skip"
 #: the statuses whose cells get an evidence box: what fails the run, and the declared failures (xfail).
 SHOWN_STATUSES = ("fail", "error", "xpass", "xfail")
 ORACLE_ORDER = ["tokens", "logprobs", "nan", "accept_length", "cached_tokens", "batch_invariance", "completeness",
-                "pool_audit", "cross_engine"]
+                "pool_audit", "pd_audit", "cross_engine"]
 SHOWN_FINDINGS = 5
 #: above this many cells the passing ones start folded away: a closed <details> is parsed but not laid
 #: out, which keeps a 5,000-cell page quick to open (BENCHMARKS.md, bench_report.py).

@@ -60,3 +60,41 @@ def test_a_proposer_bug_in_golden_too_is_still_seen_by_the_prompt_lookup_replay(
     checks = {finding["check"] for finding in verdict.detail}
     assert verdict.status == "fail" and checks == {"trace"}, verdict.detail  # golden agrees: no "relative" finding
     assert FAULTS["ngram_prompt_only"].oracle == "accept_length"
+
+
+# -- issue 20: one new fault per cause, each seen by the oracle that should see it ---------------------
+#: 1 PD's bookkeeping unjudged, 2 bands under pressure, 3 pd deterministic-only and loss-free, 4 tiers masking
+#: each other, 5 accept bands at k = 3 only.
+CAUSES_20 = ["pd_prefill_verify_scratch", "evict_counts_leaves", "pd_partial_page_early", "pd_abort_caches_pages",
+             "host_demotes_as_oldest", "draft_chain_default_steps"]
+#: those whose trigger needs two or more factors off their golden level
+MULTI_FACTOR = ["pd_prefill_verify_scratch", "pd_partial_page_early", "pd_abort_caches_pages", "draft_chain_default_steps"]
+
+
+@pytest.mark.parametrize("fault", CAUSES_20)
+def test_the_clean_matrix_of_each_issue_20_fault_passes(fault: str, tmp_path: Path) -> None:
+    test_the_clean_matrix_of_each_planted_bug_passes(fault, tmp_path)
+
+
+def ofat_matrix(fault: str, tmp_path: Path) -> object:
+    """The fault's check matrix generated one factor at a time from its golden cell, as most CI suites test."""
+    from harness.matrix.file import load_matrix
+    from tests.test_faults import MATRIX_OF
+
+    text = MATRIX_OF[fault].replace('mode = "t-wise"', 'mode = "ofat"').replace('mode = "full"', 'mode = "ofat"')
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("strength"))
+    name = text.split('name = "')[1].split('"')[0]
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return load_matrix(str(path))
+
+
+@pytest.mark.parametrize("fault", MULTI_FACTOR)
+def test_one_factor_at_a_time_misses_each_multi_factor_fault(fault: str, tmp_path: Path) -> None:
+    """No cell of the one-factor-at-a-time array triggers it, and every one passes with it injected; the full (or
+    t-wise) matrix of the same factors fails exactly its trigger cells (test_faults)."""
+    spec, goldens = ofat_matrix(fault, tmp_path), GoldenRuns()
+    cells = generate(spec)
+    assert not [c for c in cells if FAULTS[fault].triggered_by(engine_levels(c.as_dict()))]
+    results = {c.cell_id: run_cell(spec, c, faults=frozenset({fault}), goldens=goldens).status for c in cells}
+    assert set(results.values()) == {"pass"}, results

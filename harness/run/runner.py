@@ -200,8 +200,10 @@ def _expected(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]:
         return {r.rid: CachedExpectation(0, 0, traits.page_size) for r in run.workload.requests}
     args = dict(page_size=traits.page_size, state_interval=traits.state_interval, hybrid=traits.hybrid,
                 chunk_size=traits.chunk_size, tiers=traits.tiers)
+    # the cache model (exact for a sequential workload, dense, no proposer) knows one engine's cold and warm pass
+    model = dict(exact=traits.model_cache and traits.spec == "none" and name in PASSES, decodes=not traits.pd)
     if not traits.aborts_allowed:
-        expected = run.workload.expected_cached(**args, warm=name != "cold")
+        expected = run.workload.expected_cached(**args, **model, warm=name != "cold")
         if name == "instance":
             return {rid: replace(e, host=None, storage=None) for rid, e in expected.items()}
         return expected
@@ -231,7 +233,8 @@ def _views(run: WorkloadRun, golden: WorkloadRun, spec_golden: WorkloadRun | Non
             counters=record.counters or None, logprob_tolerance=tolerances.get("logprobs"),
             tie_tolerance=tolerances.get("tie"), audited=traits.audited, pass_counted=traits.pass_counted,
             spec_reference_counters=spec_golden.passes["cold"].counters if spec_golden else None,
-            cross_reference=cross.passes["cold"].outputs if cross else None,
+            cross_reference=cross.passes["cold"].outputs if cross else None, page_size=traits.page_size,
+            pd_ledger=record.pd,
         ))
     return views
 

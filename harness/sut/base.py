@@ -39,6 +39,8 @@ class Traits:
     aborts_allowed: bool = False  # PD cells that inject transport failures may end requests "aborted"
     audited: bool = True          # the idle engine audits its pools (pool_audit judges it); a real engine does not
     pass_counted: bool = False    # speculative counters per pass only (drafts, accepted), not per request
+    pd: bool = False  # a prefill engine and a decode server: the client's hit is the prefill side's, which never decodes
+    model_cache: bool = False  # its cache follows fixtures/workloads/cache_model.py's rules (the reference engine's do)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -49,6 +51,7 @@ class PassResult:
     nan_events: list = field(default_factory=list)
     audit: list[str] = field(default_factory=list)     # idle-engine integrity problems; empty when sound
     counters: dict[str, int] = field(default_factory=dict)  # decode counters over this pass alone
+    pd: dict | None = None  # PD engines: the pass's ledger (reference_impl.pd.ledger.PassLedger.to_json()); else None
 
 
 @dataclass(slots=True, kw_only=True)

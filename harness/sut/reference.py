@@ -67,14 +67,16 @@ class ReferenceSystem:
             chunk_size=config.model.mamba.chunk_size, state_interval=config.state_interval,
             spec=str(engine_levels(levels)["spec"]), model=config.model.name,
             tiers=tuple(self.engine.cache.lower_tiers), aborts_allowed=config.pd_fail_rate > 0,
+            pd=config.pd is not None, model_cache=True,
         )
 
     def serve(self, rounds: Sequence[Sequence[RequestSpec]]) -> PassResult:
         """The rounds one after the other, then the idle engine's audit."""
         seen, before = len(self.engine.nan_events), replace(self.engine.stats)
         outputs = [out for group in rounds for out in self.engine.generate(group)]
+        ledger = self.engine.take_ledger().to_json() if isinstance(self.engine, DisaggEngine) else None
         return PassResult(outputs=outputs, nan_events=self.engine.nan_events[seen:], audit=self.engine.audit(),
-                          counters=_counted(before, self.engine.stats, DECODE_COUNTERS))
+                          counters=_counted(before, self.engine.stats, DECODE_COUNTERS), pd=ledger)
 
     def totals(self) -> Totals:
         pd = self.engine.counters() if isinstance(self.engine, DisaggEngine) else None

@@ -26,7 +26,7 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from reference_impl.faults import EVICT_IGNORES_LOCK, SPLIT_SNAPSHOT_TO_HEAD
+from reference_impl.faults import EVICT_COUNTS_LEAVES, EVICT_IGNORES_LOCK, SPLIT_SNAPSHOT_TO_HEAD
 
 
 class CacheIntegrityError(AssertionError):
@@ -200,7 +200,8 @@ class RadixCache:
         while freed < num_pages and heap:
             node = heapq.heappop(heap)[2]
             parent = node.parent
-            freed += self._remove_leaf(node)
+            removed = self._remove_leaf(node)
+            freed += 1 if EVICT_COUNTS_LEAVES.name in self.faults else removed  # the fault: leaves, not pages
             if parent is not self._root and not parent.children and not pinned(parent):
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return freed

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from reference_impl.cache.radix import InsertResult, MatchResult, RadixCache, TreeNode
-from reference_impl.faults import PAGE_KEY_FORGETS_PREFIX
+from reference_impl.faults import HOST_DEMOTES_AS_OLDEST, PAGE_KEY_FORGETS_PREFIX
 from reference_impl.memory.host import HostPool, PageMover, page_hashes
 
 Copies = dict[str, list[torch.Tensor]]  # chained page hash -> host copy of a page (or a snapshot)
@@ -126,7 +126,7 @@ class HostCache(RadixCache):
             snaps = {len(prefix): node.state_slot} if node.state_slot is not None else {}
             self._save(keys, first, list(node.pages), snaps)
         else:
-            self.host.touch(keys[first:])
+            self.host.touch(keys[first:], newest=HOST_DEMOTES_AS_OLDEST.name not in self.mover.faults)
         self.host.resident.difference_update(keys[first:])
         return super()._remove_leaf(node)
 

@@ -11,7 +11,7 @@ from reference_impl.cache.radix import MatchResult
 from reference_impl.config import EngineConfig
 from reference_impl.engine.model_runner import ModelRunner
 from reference_impl.engine.scheduler import Admission
-from reference_impl.faults import DRAFT_PAGES_KEPT_ON_PREEMPT, SPEC_FINISH_PAGE_LEAK
+from reference_impl.faults import DRAFT_PAGES_KEPT_ON_PREEMPT, PD_PREFILL_VERIFY_SCRATCH, SPEC_FINISH_PAGE_LEAK
 from reference_impl.memory.engine_pools import EnginePools
 from reference_impl.memory.host import PageMover
 from reference_impl.model.batch_invariant import TILE
@@ -398,7 +398,8 @@ class Engine:
     def _verify_scratch(self) -> VerifyScratch | None:
         """Intermediate Mamba states for verify steps: only a hybrid engine that verifies drafts needs them."""
         cfg = self.config
-        if not (self.verifies and self.proposer.speculative and cfg.model.is_hybrid):
+        verifies = self.verifies or PD_PREFILL_VERIFY_SCRATCH.name in cfg.faults  # the fault: gated on nothing
+        if not (verifies and self.proposer.speculative and cfg.model.is_hybrid):
             return None
         return VerifyScratch.allocate(cfg.model.mamba, len(cfg.model.mamba_layers), cfg.max_running,
                                       cfg.num_draft_tokens + 1, cfg.device, cfg.dtype)

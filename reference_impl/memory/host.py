@@ -136,8 +136,11 @@ class HostPool:
         if key in self.pages:
             self.snapshots[key] = state
 
-    def touch(self, keys: Sequence[str]) -> None:
-        """Mark ``keys`` most recently used (L1 just demoted them: they are L2's freshest copies)."""
+    def touch(self, keys: Sequence[str], newest: bool = True) -> None:
+        """Mark ``keys`` most recently used (L1 just demoted them: they are L2's freshest copies).
+
+        ``newest=False`` is the fault ``host_demotes_as_oldest``: the copies become L2's next victims instead.
+        """
         for key in keys:
             if key in self.pages:
-                self.pages.move_to_end(key)
+                self.pages.move_to_end(key, last=newest)

@@ -21,7 +21,7 @@ import torch
 
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine
-from reference_impl.faults import PD_COMPACTION_IN_FLIGHT, PD_VIRTUAL_IDS_ON_WIRE
+from reference_impl.faults import PD_ABORT_CACHES_PAGES, PD_COMPACTION_IN_FLIGHT, PD_VIRTUAL_IDS_ON_WIRE
 from reference_impl.memory.engine_pools import EnginePools
 from reference_impl.memory.layout import Block, RegionTable, ViewGeometry
 from reference_impl.memory.pool import MovingPool, Pool, physical_pages
@@ -90,8 +90,15 @@ class DecodeEngine(Engine):
         if req.done:
             self._complete(req, outputs)
 
-    def drop(self, req: Request) -> None:
-        """An aborted transfer: free the request's pages and slot unread (never cached)."""
+    def drop(self, req: Request, as_landed: bool = False) -> None:
+        """An aborted transfer: free the request's pages and slot unread (never cached).
+
+        ``as_landed`` is the fault ``pd_abort_caches_pages``: the prompt's pages go to the cache as if they had arrived.
+        """
+        if as_landed:
+            req.num_computed = len(req.spec.prompt)
+            self._finish(req)
+            return
         self._release(req)
 
 
@@ -112,6 +119,7 @@ class DecodeServer:
         self.preallocated: dict[str, Preallocated] = {}
         self.finished: list[RequestOutput] = []  # adopted requests that needed no decode step
         self.gate_refusals = 0
+        self.counts = {"aux_taken": 0, "aux_returned": 0}  # metadata slots taken and given back (the ring counts its own)
         gate_moves(self.engine.pools, self._moves_refused, config.faults)
         self.regions = RegionTable()
         parts = kv_parts(self.engine.pools, self.engine.proposer, self.regions)
@@ -155,6 +163,7 @@ class DecodeServer:
                 engine.drop(req)
                 return None
         (aux_slot,) = self.aux_slots.alloc(1)
+        self.counts["aux_taken"] += 1
         pools = engine.pools
         state = handoff_state(pools, req.state_slot, self.faults) if req.state_slot is not None else None
         boot = Bootstrap(spec.rid, attempt, hit_pages, tuple(handoff_pages(pools, req.pages[hit_pages:], self.faults)),
@@ -175,12 +184,18 @@ class DecodeServer:
             self._free_handoff(entry.bootstrap)
             self.engine.adopt(entry.req, self.aux[entry.bootstrap.aux_slot].clone(), self.finished)
 
-    def abort(self, rid: str, attempt: int) -> None:
-        """The transfer failed: free everything it held; nothing it wrote is read."""
+    def abort(self, rid: str, attempt: int) -> tuple[int, ...]:
+        """The transfer failed: free everything it held; nothing it wrote is read.
+
+        Returns the pages the attempt took past its hit that are still live afterwards (cached or held):
+        the ledger's record that an abort left nothing behind, empty when it did not.
+        """
         entry = self._entry(rid, attempt)
         del self.preallocated[rid]
         self._free_handoff(entry.bootstrap)
-        self.engine.drop(entry.req)
+        fresh = entry.req.pages[entry.bootstrap.decode_prefix_pages:]
+        self.engine.drop(entry.req, as_landed=PD_ABORT_CACHES_PAGES.name in self.faults)
+        return tuple(p for p in fresh if self.engine.pools.page_is_live(p))
 
     def _entry(self, rid: str, attempt: int) -> Preallocated:
         entry = self.preallocated.get(rid)
@@ -190,6 +205,7 @@ class DecodeServer:
 
     def _free_handoff(self, boot: Bootstrap) -> None:
         self.aux_slots.free([boot.aux_slot])
+        self.counts["aux_returned"] += 1
         if boot.staging is not None:
             self.ring.release(boot.staging)
 
@@ -239,7 +255,9 @@ class DecodeServer:
     def counters(self) -> dict[str, int]:
         """What the decode side can tell about itself (the rest is counted by the prefill side)."""
         return {"gate_refusals": self.gate_refusals,
-                "verify_scratch_bytes": self.engine.verify_scratch.nbytes if self.engine.verify_scratch else 0}
+                "verify_scratch_bytes": self.engine.verify_scratch.nbytes if self.engine.verify_scratch else 0,
+                "staging_reserved": self.ring.reserved if self.ring else 0,
+                "staging_released": self.ring.released if self.ring else 0, **self.counts}
 
     def close(self) -> None:
         """An in-process server holds nothing outside this process."""

@@ -16,6 +16,8 @@ from dataclasses import dataclass, fields
 
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import EngineStallError, EngineStats
+from reference_impl.faults import PD_PARTIAL_PAGE_EARLY
+from reference_impl.pd.ledger import DECODE_COUNTS, AttemptRecord, PassLedger
 from reference_impl.pd.prefill import KVSender, PrefillEngine
 from reference_impl.pd.transfer import Transfer, TransferFailed, TransferState
 from reference_impl.request import RequestOutput, RequestSpec
@@ -58,6 +60,8 @@ class DisaggEngine:
         self.pending: deque[Transfer] = deque()
         self.transfers: dict[str, Transfer] = {}
         self.pd = PDStats()
+        self._attempts: dict[tuple[str, int], AttemptRecord] = {}  # this pass's, by (rid, attempt)
+        self._decode_counts = dict.fromkeys(DECODE_COUNTS, 0)      # the decode side's, when the pass began
 
     @property
     def cache(self) -> object:
@@ -84,6 +88,15 @@ class DisaggEngine:
         """PD figures for a cell's metrics: what crossed, the move gate's refusals, verify scratch per side."""
         return {**self.pd.to_json(), "gate_refusals": self.decode.counters()["gate_refusals"],
                 "verify_scratch_bytes": self.verify_scratch_bytes}
+
+    def take_ledger(self) -> PassLedger:
+        """What both sides recorded since the last call (one pass): every attempt, the decode side's takes and
+        returns of staging regions and metadata slots, and each side's verify scratch."""
+        counts = self.decode.counters()
+        ledger = PassLedger(list(self._attempts.values()),
+                            {k: counts[k] - self._decode_counts[k] for k in DECODE_COUNTS}, self.verify_scratch_bytes)
+        self._attempts, self._decode_counts = {}, {k: counts[k] for k in DECODE_COUNTS}
+        return ledger
 
     # -- serving ---------------------------------------------------------------------------
     def generate(self, specs: Sequence[RequestSpec]) -> list[RequestOutput]:
@@ -122,6 +135,8 @@ class DisaggEngine:
             self.sender.track(t)
             self.pd.transfers += 1
             self.pd.decode_hit_pages += boot.decode_prefix_pages
+            self._attempts[(t.rid, t.attempt)] = AttemptRecord(t.rid, t.attempt, len(t.spec.prompt),
+                                                               boot.decode_prefix_pages)
             self.prefill.submit([RequestSpec(t.rid, t.spec.prompt, 1, t.spec.priority)])
             progressed = True
         return progressed
@@ -135,7 +150,9 @@ class DisaggEngine:
             if req is None:
                 continue
             last = t.rid in self.prefill.inflight
-            end = len(req.pages) if last else min(req.num_computed // page_size, len(req.pages))
+            whole = -(-req.num_computed // page_size) if PD_PARTIAL_PAGE_EARLY.name in self.config.faults \
+                else req.num_computed // page_size  # the fault: a page half computed counts as sent
+            end = len(req.pages) if last else min(whole, len(req.pages))
             if not last and end <= t.next_page:
                 continue
             progressed = True
@@ -150,12 +167,14 @@ class DisaggEngine:
             if last:
                 t.advance(TransferState.SUCCESS)
                 self._end(t)
-                self.prefill.release(t.rid)
+                record = self._attempts[(t.rid, t.attempt)]
+                record.outcome, record.prefill_hit = "success", self.prefill.release(t.rid)
         return progressed
 
     def _end(self, t: Transfer) -> None:
         del self.transfers[t.rid]
         self.sender.untrack(t)
+        self._attempts[(t.rid, t.attempt)].pages_sent = t.pages_sent
         self.pd.pages_sent += t.pages_sent
         self.pd.bytes_sent += t.bytes_sent
         self.pd.kv_bytes += t.kv_bytes
@@ -164,8 +183,11 @@ class DisaggEngine:
         """Abort both sides; retry once, then report the request aborted."""
         t.advance(TransferState.FAILED, reason)
         self._end(t)
-        self.decode.abort(t.rid, t.attempt)
+        record = self._attempts[(t.rid, t.attempt)]
+        record.outcome = "failed"
+        record.decode_live_after = tuple(self.decode.abort(t.rid, t.attempt))
         self.prefill.abort(t.rid)
+        record.prefill_held_after = self.prefill.request(t.rid) is not None
         self.pd.failed += 1
         if t.attempt == 0:
             self.pd.retried += 1

@@ -23,8 +23,8 @@ class DecodeSide(Protocol):
     def bootstrap(self, spec: RequestSpec, attempt: int) -> Bootstrap | None:
         """Preallocate for ``spec``; its physical destination ids, or None (nothing held) while there is no room."""
 
-    def abort(self, rid: str, attempt: int) -> None:
-        """Free everything the transfer held, unread."""
+    def abort(self, rid: str, attempt: int) -> tuple[int, ...]:
+        """Free everything the transfer held, unread; the pages it took that are still live after (none)."""
 
     def step(self, outputs: list[RequestOutput]) -> bool:
         """One decode step, appending finished outputs; False when nothing could run."""
@@ -42,7 +42,8 @@ class DecodeSide(Protocol):
         """Non-finite values the decode engine's sentinel saw."""
 
     def counters(self) -> dict[str, int]:
-        """What the decode side tells about itself (move-gate refusals, verify scratch bytes)."""
+        """What the decode side tells about itself (move-gate refusals, verify scratch bytes, and the staging
+        regions and metadata slots taken and given back: ``pd.ledger.DECODE_COUNTS``)."""
 
     def close(self) -> None:
         """Stop the decode server (a child process: end it)."""

@@ -15,6 +15,7 @@ from dataclasses import replace
 import torch
 
 from reference_impl.config import EngineConfig
+from reference_impl.cache.radix import MatchResult
 from reference_impl.engine.llm_engine import Engine
 from reference_impl.faults import PD_DRAFT_STATE_NOT_SENT, PD_MAMBA_STATE_EARLY, PD_STAGING_GRID_SHIFT
 from reference_impl.memory.layout import Block, RegionTable, ViewGeometry, state_blocks
@@ -45,6 +46,14 @@ class PrefillEngine(Engine):
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         self.inflight: dict[str, Request] = {}
+        self.hits: dict[str, tuple[int, int, int]] = {}  # rid -> (total, host, storage) matched at first admission
+
+    def acquire(self, req: Request) -> MatchResult | None:
+        """Admit as any engine does, and keep this side's own record of the hit (what the client must see)."""
+        match = super().acquire(req)
+        if match is not None:
+            self.hits.setdefault(req.rid, (match.matched_tokens, match.host_tokens, match.storage_tokens))
+        return match
 
     def _complete(self, req: Request, outputs: list[RequestOutput]) -> None:
         """Park: the request keeps its pages (nothing may free or move them) until the transfer ends."""
@@ -55,12 +64,14 @@ class PrefillEngine(Engine):
         """The running or parked request ``rid`` (None while it still waits in the queue)."""
         return self.inflight.get(rid) or next((r for r in self.running if r.rid == rid), None)
 
-    def release(self, rid: str) -> None:
-        """The last chunk left: cache the prompt, free the rest."""
+    def release(self, rid: str) -> tuple[int, int, int] | None:
+        """The last chunk left: cache the prompt, free the rest; returns the hit recorded at admission."""
         self._finish(self.inflight.pop(rid))
+        return self.hits.pop(rid, None)
 
     def abort(self, rid: str) -> None:
         """The transfer failed: its computed prompt pages are still good KV, so cache them; free the rest."""
+        self.hits.pop(rid, None)
         req = self.inflight.pop(rid, None) or self.request(rid)
         if req is not None:
             self._finish(req)
@@ -102,8 +113,9 @@ class KVSender:
         """Send pages ``t.next_page .. end_page - 1`` of ``req`` (and, when ``last``, its state and record)."""
         start = t.next_page
         physical = handoff_pages(self.engine.pools, req.pages[start:end_page], self.faults)
-        pieces = (grid_cells(start, end_page, self.decode.chunk_pages) if self.decode.staging
-                  else [(None, start, end_page - start)])
+        # a last chunk with no page left to send still carries the state and the record: one piece, no pages
+        pieces = (grid_cells(start, end_page, self.decode.chunk_pages) if self.decode.staging else []) \
+            or [(None, start, end_page - start)]
         for i, (cell, first, count) in enumerate(pieces):
             final = last and i == len(pieces) - 1
             own = physical[first - start : first - start + count]

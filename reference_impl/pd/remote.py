@@ -99,8 +99,8 @@ class RemoteDecode:
     def bootstrap(self, *args: object) -> object:
         return self.transport.call("bootstrap", *args)
 
-    def abort(self, rid: str, attempt: int) -> None:
-        self.transport.call("abort", rid, attempt)
+    def abort(self, rid: str, attempt: int) -> tuple[int, ...]:
+        return self.transport.call("abort", rid, attempt)
 
     def step(self, outputs: list[RequestOutput]) -> bool:
         progressed, done = self.transport.call("step")

@@ -46,6 +46,8 @@ class StagingRing:
         self.head = 0       # next slot to hand out (monotonic; position = head % slots)
         self.watermark = 0  # oldest slot still held (monotonic)
         self._held: OrderedDict[int, tuple[int, bool]] = OrderedDict()  # base -> (cells, released)
+        self.reserved = 0   # regions handed out, ever (the PD ledger's count)
+        self.released = 0   # regions given back, ever
 
     def cells_for(self, decode_prefix_pages: int, total_pages: int) -> tuple[int, int]:
         """(first cell, cells) a transfer of pages ``decode_prefix_pages .. total_pages - 1`` needs."""
@@ -63,6 +65,7 @@ class StagingRing:
         base = self.head
         self.head += cells
         self._held[base] = (cells, False)
+        self.reserved += 1
         return StagingRegion(base, first, cells)
 
     def release(self, region: StagingRegion) -> None:
@@ -71,6 +74,7 @@ class StagingRing:
         if released:
             raise StagingIntegrityError(f"staging region at slot {region.base} released twice or never reserved")
         self._held[region.base] = (cells, True)
+        self.released += 1
         while self._held and next(iter(self._held.values()))[1]:
             base, (n, _) = self._held.popitem(last=False)
             self.watermark = base + n

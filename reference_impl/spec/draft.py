@@ -15,12 +15,16 @@ import torch
 
 from reference_impl.attention.torch_backend import causal_attention, gather_pages
 from reference_impl.config import EngineConfig, ModelConfig
-from reference_impl.faults import DRAFT_STATE_NOT_CACHED
+from reference_impl.faults import DRAFT_CHAIN_DEFAULT_STEPS, DRAFT_STATE_NOT_CACHED
 from reference_impl.memory.pool import Pool, physical_pages
 from reference_impl.model import batch_invariant
 from reference_impl.model.tiny_lm import load_model
 from reference_impl.request import Chunk, Request
 from reference_impl.spec.draft_model import DraftHead, load_draft
+
+
+#: speculative steps a chain buffer sized "by default" holds (SGLang's and vLLM's EAGLE default: 3 steps)
+DEFAULT_NUM_STEPS = 3
 
 
 class SlotTranslator(Protocol):
@@ -102,12 +106,16 @@ class DraftProposer:
         """Up to ``k`` tokens, each from the draft's hidden at the previous position; nothing is written."""
         det = self.runner.deterministic
         hidden, drafts, inputs = req.draft_tail, [], []
+        chain = [hidden]  # the hidden each draft step reads, step by step
         while True:
             drafts.append(int(self.head.logits(hidden[None], det).argmax(-1)))
             if len(drafts) == k:
                 return drafts
             inputs.append(self.head.project(torch.tensor([drafts[-1]], device=hidden.device), hidden[None], det))
             hidden = self._layer([req], [req.num_computed], [len(inputs)], torch.cat(inputs), write=False)[-1]
+            chain.append(hidden)
+            if DRAFT_CHAIN_DEFAULT_STEPS.name in self.config.faults:
+                hidden = chain[(len(chain) - 1) % DEFAULT_NUM_STEPS]  # the fault: a ring of the default step count
 
     def draft_kv(self) -> list[tuple[Pool, int]]:
         """(pool, layer) of the draft's K/V, which a lower cache tier must move with the target's."""
