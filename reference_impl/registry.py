@@ -26,7 +26,6 @@ COMPONENTS: dict[str, dict[str, str]] = {
     "model": {
         "dense": "reference_impl.config:DENSE",
         "hybrid": "reference_impl.config:HYBRID",
-        "dense32": "reference_impl.config:DENSE32",
     },
     "scheduler": {
         "fcfs": "reference_impl.engine.scheduler:FcfsQueue",

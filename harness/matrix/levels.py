@@ -91,8 +91,9 @@ VLLM_CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType({
 VLLM_COUNTS = ("page_size", "prefill_budget", "max_num_seqs", "num_draft_tokens")
 #: the models made here; any other level is a path to a Hugging Face checkpoint directory.
 MADE_MODELS = ("dense", "hybrid")
-#: made model → the reference model level that computes the same function (the cross_engine oracle's other side).
-CROSS_MODELS: Mapping[str, str] = MappingProxyType({"dense": "dense32"})
+#: made model → the reference model level that computes the same function (the cross_engine oracle's other side):
+#: DENSE at head_dim 32, named by import path (a level of its own would join every fault matrix's model levels).
+CROSS_MODELS: Mapping[str, str] = MappingProxyType({"dense": "reference_impl.config:DENSE32"})
 
 
 def _check_vllm(factor: str, level: object) -> None:

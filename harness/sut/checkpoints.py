@@ -1,8 +1,8 @@
 """Hugging Face checkpoints that other engines serve, built locally from a seed at first use.
 
-``dense`` is the reference's own dense model at head_dim 32 (reference_impl.config.DENSE32, model level
-``dense32``) exported as a LlamaForCausalLM with the same function, so a cross-engine oracle can
-judge vLLM's tokens against the reference's; ``draft`` is that model cut to one layer, for
+``dense`` is the reference's own dense model at head_dim 32 (``reference_impl.config:DENSE32``) exported as
+a LlamaForCausalLM with the same function, so a cross-engine oracle can judge vLLM's tokens against the
+reference's; ``draft`` is that model cut to one layer, for
 spec = draft. The others are seeded random weights in formats vLLM loads: ``hybrid`` (an
 attention + Mamba2 GraniteMoeHybrid) and ``eagle`` (an EAGLE-1 head for ``dense``, vLLM's
 EagleLlamaForCausalLM).
@@ -35,7 +35,7 @@ CACHE_ENV = "KVMATRIX_CHECKPOINTS"
 #: bump when a recipe changes in a way its config does not show (a new weight layout, another init).
 RECIPE_VERSION = 1
 #: the dense model both engines serve (head_dim 16 starts in vLLM, then every forward fails with "Unsupported
-#: CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"); the reference's model level ``dense32``.
+#: CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"); the reference model ``reference_impl.config:DENSE32``.
 SERVED_DENSE = DENSE32
 #: longest sequence the exported configs declare; workloads stay far below it.
 MAX_POSITIONS = 2048
