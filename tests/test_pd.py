@@ -242,7 +242,9 @@ def test_a_child_process_transport_moves_the_same_bytes_as_inproc(level: str, le
             assert remote.audit() == []
         assert remote.counters() == inproc.counters()
     finally:
+        child = remote.transport.process
         remote.close()
+    assert remote.transport.process is None and not child.is_alive(), "close() left the decode child running"
 
 
 KILL_MATRIX = """
