@@ -63,8 +63,14 @@ def all_triggers(tmp_path_factory: pytest.TempPathFactory):
     return spec, generate(spec)
 
 
+#: value factors whose other level cannot be an integer (a probability below 1)
+OTHER_LEVEL = {"pd_fail_rate": 0.0}
+
+
 def other_level(factor: str, taken: tuple) -> object:
     """A level of ``factor`` outside ``taken``, from the registry (value factors: 1, else 128)."""
+    if factor in OTHER_LEVEL:
+        return OTHER_LEVEL[factor]
     known = [*COMPONENTS.get(factor, {}), *SWITCH_FACTORS.get(factor, {})]
     return next(level for level in [*known, 1, 128] if level not in taken and (known or isinstance(level, int)))
 
