@@ -14,7 +14,7 @@ from harness.run.probes import locate, one_factor_changes
 from harness.matrix.model import Cell, generate
 from harness.matrix.file import load_matrix
 from reference_impl.faults import FAULTS, Fault
-from reference_impl.registry import COMPONENTS, PROBABILITY_FACTORS, SWITCH_FACTORS
+from reference_impl.registry import COMPONENTS, SWITCH_FACTORS
 from tests.test_faults import MATRIX_OF
 
 #: every factor a registered fault's trigger names, 3-wise (page_size fixed: unified_no_zero_on_issue's
@@ -63,10 +63,14 @@ def all_triggers(tmp_path_factory: pytest.TempPathFactory):
     return spec, generate(spec)
 
 
+#: value factors whose other level cannot be an integer (a probability below 1)
+OTHER_LEVEL = {"pd_fail_rate": 0.0}
+
+
 def other_level(factor: str, taken: tuple) -> object:
-    """A level of ``factor`` outside ``taken``, from the registry (value factors: 1, else 128; probabilities: 0)."""
-    if factor in PROBABILITY_FACTORS:
-        return next(level for level in (0.0, 0.5) if level not in taken)
+    """A level of ``factor`` outside ``taken``, from the registry (value factors: 1, else 128)."""
+    if factor in OTHER_LEVEL:
+        return OTHER_LEVEL[factor]
     known = [*COMPONENTS.get(factor, {}), *SWITCH_FACTORS.get(factor, {})]
     return next(level for level in [*known, 1, 128] if level not in taken and (known or isinstance(level, int)))
 
