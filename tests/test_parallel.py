@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.run import parallel
 from harness.cli.main import main
 from harness.matrix.model import generate
@@ -101,6 +103,7 @@ def test_a_dead_worker_and_a_deaf_cell_become_error_rows_and_the_run_goes_on(tmp
     assert "killed: still running 1 s past its timeout of 10 s" in got[2]["error"]
 
 
+@pytest.mark.xdist_group("cores")  # never beside a vLLM child, whose OpenMP threads spin on every core
 def test_ctrl_c_keeps_finished_cells_and_resume_runs_the_rest(tmp_path: Path) -> None:
     """Ctrl-C while gated cells hold both workers: the finished rows stay, exit 130, --resume runs the rest."""
     path, report = write(tmp_path, schedulers='["fcfs", "tests.components:GatedQueue"]'), tmp_path / "out"
