@@ -26,8 +26,8 @@ matrix: $(STAMP)
 	$(PY) -m harness run --matrix smoke --report-dir $(REPORT_DIR)
 
 # the whole suite, every test (`make quick` leaves out the whole-matrix runs and the real engines)
-# --dist loadgroup: the vLLM tests and the Ctrl-C timing test share one worker ("cores": a vLLM child's OpenMP
-# threads spin on every core, two would starve each other and a timing test beside them)
+# --dist loadgroup: the vLLM tests share one worker (a vLLM child's OpenMP threads spin on every core: two would
+# starve each other)
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 

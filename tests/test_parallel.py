@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from harness.run import parallel
 from harness.cli.main import main
 from harness.matrix.model import generate
@@ -103,7 +101,6 @@ def test_a_dead_worker_and_a_deaf_cell_become_error_rows_and_the_run_goes_on(tmp
     assert "killed: still running 1 s past its timeout of 10 s" in got[2]["error"]
 
 
-@pytest.mark.xdist_group("cores")  # never beside a vLLM child, whose OpenMP threads spin on every core
 def test_ctrl_c_keeps_finished_cells_and_resume_runs_the_rest(tmp_path: Path) -> None:
     """Ctrl-C while gated cells hold both workers: the finished rows stay, exit 130, --resume runs the rest."""
     path, report = write(tmp_path, schedulers='["fcfs", "tests.components:GatedQueue"]'), tmp_path / "out"
@@ -111,7 +108,9 @@ def test_ctrl_c_keeps_finished_cells_and_resume_runs_the_rest(tmp_path: Path) ->
     gate.touch()
     command = [sys.executable, "-m", "harness", "run", "--matrix", str(path), "--report-dir", str(report), "-j", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), GATE_ENV: str(gate)}
-    child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # started with SIGINT ignored, as a script's background job or a pytest-xdist worker's child is: it must still stop
+    child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     results = report / "results.jsonl"
     deadline = time.monotonic() + 120
     while not (results.exists() and results.read_text().count("\n") >= 2) and time.monotonic() < deadline:

@@ -24,7 +24,7 @@ from harness.sut.checkpoints import checkpoint_dir
 from harness.sut.vllm import EngineChildError, engine_arguments, request_output
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group("cores")  # make test's --dist loadgroup: one vLLM child at a time, never beside a timing test
+pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one vLLM child at a time
 
 FAKE_CHILD = r'''
 import json, os, signal, sys, time

@@ -28,7 +28,7 @@ from harness.sut.checkpoints import SERVED_DENSE, checkpoint_dir
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.xdist_group("cores")  # make test's --dist loadgroup: one vLLM child at a time, never beside a timing test
+pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one vLLM child at a time
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 CHILD = ROOT / "harness" / "sut" / "vllm_child.py"
 #: an engine start is 20-70 s on 2 cores; a serve of a few short requests well under 10

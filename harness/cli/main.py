@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -207,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # started with SIGINT ignored (a background job of a script, a pytest-xdist worker's child): Python then
+        # installs no KeyboardInterrupt, and an interrupted run would go on to its end instead of keeping what
+        # finished and stopping (exit 130); a run always hears the interrupt it is sent
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return args.handler(args)
     except (MatrixError, UnknownFaultError, UsageError, SelectionError, TriageInputError) as exc:
