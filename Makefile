@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kvmatrix-installed
 REPORT_DIR ?= reports/out
 PYTEST_WORKERS ?= auto
 
-.PHONY: matrix test quick bench mutation gpu-wheels vllm-env clean
+.PHONY: matrix test quick bench mutation gpu-wheels vllm-env llama-server clean
 
 # NIXL (pd = nixl) goes in without its dependencies: its plain requirement pulls a CUDA torch and
 # seventeen CUDA wheels; UCX ships inside nixl-cu12, which also runs on CPU memory. Mooncake's
@@ -66,6 +66,30 @@ $(VLLM_STAMP): Makefile
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)
+
+# llama.cpp's llama-server (engine = openai, matrices/llamacpp.toml) has no Debian package: it builds from
+# the llama.cpp that llama-cpp-python's sdist vendors (~12 min on 2 cores, one 15 MB static binary), cached
+# in .build/ under its version so that editing this Makefile does not rebuild it. No UI, no OpenSSL: the
+# harness talks plain HTTP to 127.0.0.1.
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMA_DIR := .build/llama.cpp-$(LLAMA_CPP_PYTHON)
+LLAMA_SERVER := $(LLAMA_DIR)/bin/llama-server
+BUILD_JOBS ?= $(shell nproc)
+
+$(LLAMA_SERVER):
+	mkdir -p $(LLAMA_DIR)
+	$(PYTHON) -m pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_DIR)
+	tar -xzf $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_DIR)
+	cmake -S $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp -B $(LLAMA_DIR)/cmake -G Ninja \
+	  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+	  -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+	cmake --build $(LLAMA_DIR)/cmake --target llama-server -j $(BUILD_JOBS)
+	mkdir -p $(LLAMA_DIR)/bin
+	cp $(LLAMA_DIR)/cmake/bin/llama-server $(LLAMA_SERVER).tmp
+	mv $(LLAMA_SERVER).tmp $(LLAMA_SERVER)
+	rm -rf $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON) $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
+
+llama-server: $(LLAMA_SERVER)
 
 clean:
 	rm -rf $(REPORT_DIR) .pytest_cache .hypothesis

@@ -27,6 +27,7 @@ from harness.run.faultcheck import check_fault, check_fault_set
 from harness.run.parallel import default_jobs, execute
 from harness.run.runner import GoldenRuns, configure_torch, plan_cell
 from harness.sut import check_runnable
+from harness.sut.server import LOGS_ENV as SERVER_LOGS_ENV
 from reference_impl.faults import FAULTS, UnknownFaultError, check_faults
 from reports.html import write_report
 from reports.junit import write_junit
@@ -96,6 +97,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     info = RunInfo(spec.name, spec.mode, spec.strength, sorted(faults), len(cells), header=header, device=args.device)
     store = ResultsStore(Path(args.report_dir), info, render=write_report)
     done = store.start(args.resume, {c.cell_id for c in cells})
+    if spec.engine == "openai":  # each server's output, named in its cell's metrics
+        os.environ.setdefault(SERVER_LOGS_ENV, str(Path(args.report_dir).resolve() / "servers"))
     configure_torch()
     goldens = GoldenRuns(args.device)
     started = time.perf_counter()

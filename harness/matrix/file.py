@@ -6,6 +6,7 @@ nothing is generated or written for a file that fails.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import tomllib
@@ -14,18 +15,19 @@ from pathlib import Path
 from types import MappingProxyType
 
 from fixtures.workloads import WORKLOADS
-from harness.matrix.levels import ENGINES, EngineLevels, LevelError
+from harness.matrix.levels import ENGINES, OPENAI, EngineLevels, LevelError
 from harness.matrix.model import (
     MODES, Constraint, MatrixSpec, WorkloadRule, check_strength, index_constraints, level_token,
     matrix_error, shown_path,
 )
 from harness.matrix.declared import DECLARED_TABLES, parse_declared
+from harness.matrix.server import parse_server
 
 DEFAULT_TIMEOUT_S = 600.0
 #: the largest ``[cost]`` of a level: costs are relative, and sums over thousands of cells (and the
 #: cost ILP's coefficients) stay far from overflow and from HiGHS's numeric limits.
 MAX_COST = 1e6
-_TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger", "workloads", *DECLARED_TABLES)
+_TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger", "workloads", "server", *DECLARED_TABLES)
 _MATRIX_KEYS = ("name", "description", "engine", "mode", "strength", "workloads", "timeout_s")
 _CONSTRAINT_KEYS = ("forbid", "reason")
 _STRONGER_KEYS = ("factors", "strength")
@@ -67,14 +69,23 @@ def load_matrix(
     _check_keys(path, "", doc, _TABLES)
     header = _parse_header(path, _table(path, doc, "matrix", required=True), known_workloads)
     engine = ENGINES[header["engine"]]
-    factors = _parse_factors(path, _table(path, doc, "factors", required=True), engine)
-    golden = _parse_golden(path, _table(path, doc, "golden", required=False), dict(factors), engine)
+    factor_table = _table(path, doc, "factors", required=True)
+    if engine is OPENAI:  # a server's factors are the file's: those the oracles read and its own
+        engine = dataclasses.replace(engine, factors=tuple(factor_table))
+    factors = _parse_factors(path, factor_table, engine)
+    golden_table = _table(path, doc, "golden", required=False)
+    golden = _parse_golden(path, golden_table, dict(factors), engine)
     constraints = _parse_constraints(path, doc.get("constraints", []), dict(factors), engine)
     cost = _parse_cost(path, _table(path, doc, "cost", required=False), dict(factors), engine)
     stronger = _parse_stronger(path, doc.get("stronger", []), dict(factors), header)
     rules = _parse_workload_rules(path, doc.get("workloads", []), dict(factors), known_workloads, engine)
     declared = parse_declared(path, doc, dict(factors), lambda key, value: _parse_level_table(
         path, key, value, dict(factors), engine))
+    if engine.name == OPENAI.name:
+        declared["engine_args"] = _parse_openai(path, doc, dict(factors), golden_table)
+    elif "server" in doc:
+        raise matrix_error(path, "[server]", f"only an openai matrix launches a server (this one's engine is "
+                           f"{engine.name!r})")
     spec = MatrixSpec(path=path, factors=factors, constraints=constraints, golden=golden, cost=cost,
                       stronger=stronger, workload_rules=rules, **declared, **header)
     if spec.strength is not None:
@@ -83,6 +94,26 @@ def load_matrix(
     _check_levels_reachable(spec)
     _check_workload_rules_reachable(spec)
     return spec
+
+
+def _parse_openai(path: Path, doc: Mapping[str, object], factors: dict[str, tuple[object, ...]],
+                  golden: Mapping[str, object]) -> Mapping[str, object]:
+    """An openai matrix's engine arguments: its ``[server]`` table. Each of the server's own factors needs a
+    ``[golden]`` level, since no defaults table knows it."""
+    if doc.get("engine_args"):
+        raise matrix_error(path, "[engine_args]", "an openai matrix passes its flags in [server] command and "
+                           "[server.levels]")
+    for factor, levels in factors.items():
+        if factor in golden or factor in OPENAI.kept_from_cell:
+            continue
+        if factor not in OPENAI.defaults:
+            raise matrix_error(path, f"[golden] {factor}", "missing: name the golden level of each of the server's "
+                               "own factors (no defaults table knows them)")
+        if not _among(OPENAI.defaults[factor], levels):
+            raise matrix_error(path, f"[golden] {factor}", f"missing: the default golden level "
+                               f"{OPENAI.defaults[factor]!r} is not one of [factors] {factor} ({_levels_text(levels)}); "
+                               f"name the one the golden cell runs")
+    return MappingProxyType(parse_server(path, doc.get("server"), factors, tuple(OPENAI.defaults)))
 
 
 def _describe(value: object) -> str:

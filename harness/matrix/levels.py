@@ -9,6 +9,7 @@ drift from the levels the cells it judges leave out.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,10 +98,15 @@ CROSS_MODELS: Mapping[str, str] = MappingProxyType({"dense": "reference_impl.con
 
 
 def _check_vllm(factor: str, level: object) -> None:
-    if factor in VLLM_CHOICES:
-        if level not in VLLM_CHOICES[factor]:
-            raise LevelError(f"level {level!r} of {factor!r} is not one of {', '.join(VLLM_CHOICES[factor])}")
-    elif factor in VLLM_COUNTS:
+    _check_vllm_like(factor, level, VLLM_CHOICES, VLLM_COUNTS)
+
+
+def _check_vllm_like(factor: str, level: object, choices: Mapping[str, tuple[str, ...]], counts: tuple[str, ...]) -> None:
+    """A real engine's level: one of its choices, a positive count, or a model made here (or a checkpoint path)."""
+    if factor in choices:
+        if level not in choices[factor]:
+            raise LevelError(f"level {level!r} of {factor!r} is not one of {', '.join(choices[factor])}")
+    elif factor in counts:
         if not isinstance(level, int) or isinstance(level, bool) or level <= 0:
             raise LevelError(f"level {level!r} of {factor!r} must be a positive int")
     elif factor == "model":
@@ -129,7 +135,39 @@ VLLM = EngineLevels(
     ),
 )
 
-ENGINES: Mapping[str, EngineLevels] = MappingProxyType({engine.name: engine for engine in (REFERENCE, VLLM)})
+#: an OpenAI-compatible (or llama.cpp, SGLang) server's factors the oracles read; the file may add its own,
+#: which mean nothing to the harness but what ``[server.levels]`` makes of them (harness.matrix.server).
+OPENAI_CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "cache": ("off", "device", "host"),
+    "spec": ("none", "ngram", "draft", "eagle", "self", "mtp"),
+    "dtype": ("float32", "bfloat16", "float16"),
+    "deterministic": ("off", "on"),
+})
+OPENAI_COUNTS = ("page_size", "num_draft_tokens")
+_FACTOR_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def _check_openai(factor: str, level: object) -> None:
+    if factor in OPENAI_CHOICES or factor in OPENAI_COUNTS or factor == "model":
+        _check_vllm_like(factor, level, OPENAI_CHOICES, OPENAI_COUNTS)
+    elif not _FACTOR_NAME.fullmatch(factor):
+        raise LevelError(f"factor name {factor!r} must be lower-case letters, digits and '_' (it shows in cell ids)")
+    elif not isinstance(level, (str, int, float, bool)):
+        raise LevelError(f"level {level!r} of {factor!r} must be a string, number or boolean")
+
+
+OPENAI = EngineLevels(
+    name="openai",
+    defaults=MappingProxyType({
+        "model": "dense", "cache": "off", "page_size": 1, "spec": "none", "num_draft_tokens": 3,
+        "dtype": "float32", "deterministic": "off",
+    }),
+    kept_from_cell=frozenset({"model", "num_draft_tokens"}),
+    factors=(),  # any: a matrix file names the server's own (harness.matrix.file)
+    check=_check_openai,
+)
+
+ENGINES: Mapping[str, EngineLevels] = MappingProxyType({engine.name: engine for engine in (REFERENCE, VLLM, OPENAI)})
 
 #: the reference engine's table, which most of the harness reads (its runner, its fault checks).
 DEFAULT_LEVELS = REFERENCE.defaults

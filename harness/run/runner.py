@@ -257,9 +257,16 @@ def _metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, 
         **_spec_metrics(runs),
         **_pd_metrics(runs),
         "golden_reused": len(own_runs) < len(runs),
+        **_server_logs(own_runs),
         **{f"engine_{what}_seconds": round(sum(r.totals.seconds.get(what, 0.0) for r in own_runs), 4)
            for what in sorted({what for r in own_runs for what in r.totals.seconds})},
     }
+
+
+def _server_logs(runs: list[WorkloadRun]) -> dict[str, object]:
+    """A server cell: the output files its servers wrote, each once (absent for an engine that keeps none)."""
+    logs = list(dict.fromkeys(log for r in runs for log in r.totals.logs))
+    return {"server_logs": logs} if logs else {}
 
 
 def _pd_metrics(runs: list[WorkloadRun]) -> dict[str, object]:

@@ -35,6 +35,8 @@ def opened(engine: str, levels: Mapping[str, object], faults: frozenset[str], de
         from harness.sut.reference import ReferenceEngine as kind
     elif engine == "vllm":
         from harness.sut.vllm import VllmEngine as kind
+    elif engine == "openai":
+        from harness.sut.server import ServerEngine as kind
     else:
         raise ValueError(f"unknown engine {engine!r}")
     cell_engine = kind(levels, faults, device, engine_args)

@@ -61,6 +61,7 @@ class Totals:
     stats: dict[str, int]
     pd: dict | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # a real engine's own timings: start, requests
+    logs: list[str] = field(default_factory=list)  # a server's output files, kept for the report
 
 
 class SystemUnderTest(Protocol):
