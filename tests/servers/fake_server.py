@@ -1,0 +1,103 @@
+"""A stand-in inference server for tests/test_server.py: OpenAI completions over HTTP, and every way to fail.
+
+``python fake_server.py PORT MODE PIDFILE``. Its tokens are a fixed function of the prompt (so its golden
+runs agree with its cells); MODE makes it misbehave: ``ok``; ``exit`` (exits before it is healthy);
+``unhealthy`` (never answers 200 on /health); ``die:N`` (killed by SIGKILL at its N-th completion);
+``hang:N`` (never answers its N-th completion); ``not_json``; ``drop:FIELD`` (a response without FIELD, a
+dotted path); ``child`` (forks a worker that must die with it, as a real server's engine process).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PORT, MODE, PIDS = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+completions = 0
+
+
+def record_pid() -> None:
+    with open(PIDS, "a") as out:
+        out.write(f"{os.getpid()}\n")
+
+
+def tokens_for(prompt: list[int], n: int) -> list[int]:
+    out, state = [], sum(prompt)
+    for _ in range(n):
+        state = (state * 31 + 7) % 97
+        out.append(state)
+    return out
+
+
+def completion(body: dict) -> dict:
+    tokens = tokens_for(body["prompt"], body["max_tokens"])
+    doc = {"choices": [{"index": 0, "text": "", "finish_reason": "length", "logprobs": {
+        "tokens": [f"token_id:{t}" for t in tokens], "token_logprobs": [-0.5] * len(tokens),
+        "top_logprobs": [{f"token_id:{t}": -0.5, f"token_id:{t + 1}": -2.0} for t in tokens]}}],
+        "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(tokens),
+                  "prompt_tokens_details": {"cached_tokens": 0}}}
+    if MODE.startswith("drop:"):
+        *parents, last = MODE.partition(":")[2].split(".")
+        holder = doc
+        for part in parents:
+            holder = holder[int(part)] if part.isdigit() else holder[part]
+        del holder[last]
+    return doc
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        sys.stderr.write("fake server: " + format % args + "\n")
+
+    def answer(self, code: int, payload: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self.answer(503 if MODE == "unhealthy" else 200, b"{}")
+        elif self.path == "/metrics":
+            self.answer(200, f"fake:drafts_total{{model=\"m\"}} {completions}\n".encode())
+        else:
+            self.answer(404, b"{}")
+
+    def do_POST(self) -> None:
+        global completions
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        if self.path == "/reset":
+            self.answer(200, b"{}")
+            return
+        completions += 1
+        n = int(MODE.partition(":")[2]) if MODE.startswith(("die:", "hang:")) else 0
+        if MODE.startswith("die:") and completions >= n:
+            sys.stderr.write("fake server: out of memory\n")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if MODE.startswith("hang:") and completions >= n:
+            time.sleep(3600)
+        if MODE == "not_json":
+            self.answer(200, b"Internal Server Error")
+            return
+        self.answer(200, json.dumps(completion(body)).encode())
+
+
+def main() -> None:
+    record_pid()
+    if MODE == "exit":
+        sys.stderr.write("fake server: RuntimeError: no such model\n")
+        sys.exit(1)
+    if MODE == "child" and os.fork() == 0:
+        record_pid()
+        time.sleep(3600)
+        os._exit(0)
+    ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
