@@ -33,7 +33,7 @@ test: $(STAMP)
 
 # quick iteration (about 3 minutes on 2 cores): everything but whole-matrix runs and the real engines
 quick: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not vllm"
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow and not vllm and not llamacpp"
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

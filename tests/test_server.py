@@ -160,7 +160,7 @@ flags = ['--cfg={{"n": {num_draft_tokens}, "slots": {slots}}}']
     (("[server.levels.slots]\nflags = [\"--slots={{level}}\"]\n", ""), "[factors] slots: the server never sees"),
     (("[server.levels.slots]\nflags", "[server.levels.slots]\n2 = {{}}\nflags"), "neither a level of slots"),
     (("{extra}", "[server.counters]\ndrafts = \"prom x\"\n"), "neither 'metric NAME'"),
-    (("{extra}", "[server.counters]\ndrafts = \"metric x_total\"\n"), "names no accepted_tokens"),
+    (("{extra}", "[server.counters]\ndrafts = \"metric x_total\"\n"), "names neither accepted_tokens nor verify_steps"),
 ])
 def test_a_bad_server_table_names_the_file_and_key(tmp_path: Path, edit: tuple[str, str], needle: str) -> None:
     path = write_matrix(tmp_path)

@@ -34,15 +34,16 @@ CACHED_TOKENS = {"openai": "usage.prompt_tokens_details.cached_tokens", "llamacp
                  "sglang": "meta_info.cached_tokens"}
 DEFAULT_ENDPOINT = {"openai": "/v1/completions", "llamacpp": "/completion", "sglang": "/generate"}
 #: the speculative counters a pass is judged by (harness.run.oracles.pass_accept_length): drafts made,
-#: draft tokens proposed, draft tokens accepted.
-COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
+#: draft tokens proposed, draft tokens accepted; or, as SGLang counts, verify steps alone (its accept length
+#: is generated tokens / verify steps: drafts = verify steps, accepted = generated - verify steps).
+COUNTERS = ("drafts", "draft_tokens", "accepted_tokens", "verify_steps")
 #: a counter's source: ``metric NAME`` (a Prometheus counter on ``metrics``, its delta over the pass, summed
 #: over label sets) or ``response PATH`` (a number in each response, summed over the pass's requests).
 SOURCES = ("metric", "response")
 #: artefacts a template may name, made on first use: checkpoints (harness.sut.checkpoints), their GGUF
 #: (harness.sut.gguf_export), and the interpreters and binaries this project builds.
 PLACEHOLDERS = ("checkpoint", "gguf", "draft_checkpoint", "draft_gguf", "eagle_checkpoint", "vllm_python",
-                "llama_server", "root")
+                "sglang_python", "llama_server", "root")
 #: the placeholders that stand for the cell's ``model`` level (its checkpoint, its GGUF).
 MODEL_PLACEHOLDERS = ("checkpoint", "gguf")
 #: placeholders every cell has.
@@ -166,8 +167,11 @@ def _counters(path: Path, key: str, value: object) -> dict[str, list[str]]:
         if kind not in SOURCES or not where.strip():
             raise matrix_error(path, f"{key}.{name}", f"{source!r} is neither 'metric NAME' nor 'response PATH'")
         counters[name] = [kind, where.strip()]
-    if counters and "accepted_tokens" not in counters:
-        raise matrix_error(path, key, "names no accepted_tokens (the accept length is judged from it)")
+    if counters and "accepted_tokens" not in counters and "verify_steps" not in counters:
+        raise matrix_error(path, key, "names neither accepted_tokens nor verify_steps (the accept length is "
+                           "judged from one of them)")
+    if "verify_steps" in counters and counters.keys() & {"drafts", "accepted_tokens"}:
+        raise matrix_error(path, key, "verify_steps stands for drafts and accepted_tokens: name it or them, not both")
     return counters
 
 

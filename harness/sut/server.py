@@ -17,6 +17,7 @@ The wire formats (``API``) are the documented ones: OpenAI completions as vLLM a
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import math
 import os
@@ -56,6 +57,8 @@ LOGS_ENV = "KVMATRIX_SERVER_LOGS"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_SERVER_ENV = "KVMATRIX_LLAMA_SERVER"
+#: the interpreter SGLang is installed in, on a GPU runner (default: python3)
+SGLANG_PYTHON_ENV = "KVMATRIX_SGLANG_PYTHON"
 #: what ``make llama-server`` builds (the directory names the Makefile's LLAMA_CPP_PYTHON).
 LLAMA_SERVER = ROOT / ".build" / "llama.cpp-0.3.36" / "bin" / "llama-server"
 
@@ -197,8 +200,10 @@ API: Mapping[str, Api] = {
 }
 
 
-def request_output(server: Mapping, request: RequestSpec, doc: object) -> tuple[RequestOutput, dict[str, int]]:
-    """One response read through the server's format: the output the oracles judge, and its per-request counters."""
+def request_output(server: Mapping, request: RequestSpec, doc: object,
+                   counted: bool = True) -> tuple[RequestOutput, dict[str, int]]:
+    """One response read through the server's format: the output the oracles judge, and its per-request
+    counters (``counted``: a cell with a proposer, whose responses must carry them)."""
     what = f"to request {request.rid!r}"
     gen = API[server["api"]].parse(doc, what)
     for name, values in (("logprobs", gen.logprobs), ("top_logprobs", gen.top_logprobs)):
@@ -206,12 +211,22 @@ def request_output(server: Mapping, request: RequestSpec, doc: object) -> tuple[
             raise ServerError(f"malformed response {what}: {len(gen.tokens)} tokens but {len(values)} {name}")
     cached = int(field_at(doc, server["cached_tokens"], int, what))
     counters = {name: int(field_at(doc, where, int, what))
-                for name, (kind, where) in server["counters"].items() if kind == "response"}
+                for name, (kind, where) in server["counters"].items() if kind == "response" and counted}
     return RequestOutput(
         rid=request.rid, tokens=gen.tokens, logprobs=gen.logprobs, top_ids=gen.top_ids,
         top_logprobs=gen.top_logprobs, margins=[s[0] - s[1] if len(s) > 1 else math.inf for s in gen.top_logprobs],
         cached_tokens=cached, cached_device=cached, finish_reason=gen.finish_reason,
     ), counters
+
+
+def pass_counters(counters: dict[str, int], outputs: Sequence[RequestOutput]) -> dict[str, int]:
+    """A pass's speculative counters as the accept_length oracle reads them. Verify steps alone are SGLang's
+    accounting (accept length = generated tokens / verify steps): drafts = steps, accepted = generated - steps."""
+    if "verify_steps" not in counters:
+        return counters
+    steps = counters["verify_steps"]
+    rest = {name: value for name, value in counters.items() if name != "verify_steps"}
+    return {**rest, "drafts": steps, "accepted_tokens": sum(len(o.tokens) for o in outputs) - steps}
 
 
 # --- Prometheus -----------------------------------------------------------------------------------------------
@@ -268,6 +283,8 @@ def artefact(name: str, levels: Mapping[str, object]) -> str:
         from harness.sut.vllm import vllm_python
 
         return str(vllm_python())
+    if name == "sglang_python":
+        return os.environ.get(SGLANG_PYTHON_ENV) or "python3"
     if name == "llama_server":
         return str(llama_server())
     if name == "root":
@@ -361,7 +378,7 @@ class ServerProcess:
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode(errors="replace")
             raise ServerError(f"{path} answered HTTP {exc.code} {what}: {detail}") from None
-        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        except (urllib.error.URLError, http.client.HTTPException, OSError, TimeoutError) as exc:
             raise ServerError(f"{path} gave no answer {what} ({exc}; server {self.exited() or 'running'}); "
                               f"its output:\n{self.tail()}") from None
         try:
@@ -523,7 +540,7 @@ class ServerSystem:
                 if metric not in after:
                     raise ServerError(f"malformed metrics: {server['metrics']} has no {metric!r}")
                 counters[name] = int(round(after[metric] - before.get(metric, 0.0)))
-        return PassResult(outputs=outputs, counters=counters)
+        return PassResult(outputs=outputs, counters=pass_counters(counters, outputs))
 
     def _together(self, batch: list[RequestSpec]) -> list[tuple[RequestOutput, dict[str, int]]]:
         """``batch``'s requests in flight at once, answers in request order. On a timeout or Ctrl-C the threads are
@@ -540,7 +557,7 @@ class ServerSystem:
         if server["priority"] is not None:
             body[server["priority"]] = request.priority
         doc = self.process.call(server["endpoint"], body, self.engine.timeout_s, f"to request {request.rid!r}")
-        return request_output(server, request, doc)
+        return request_output(server, request, doc, counted=self.traits.spec != "none")
 
     def _metrics(self) -> dict[str, float]:
         return metric_sums(self.process.text(self.engine.server["metrics"], self.engine.timeout_s))
