@@ -421,6 +421,9 @@ def accept_length_oracle(views: Sequence[PassView]) -> Verdict:
     if all(v.pass_counted for v in armed):
         cold_counters = {v.workload: v.counters for v in armed if v.name == "cold"}
         findings = [f for view in armed for f in _counted_findings(view, cold_counters)]
+        if not any((v.counters or {}).get("drafts", 0) for v in armed):  # the proposer was never exercised
+            findings.append({"workload": "every workload", "pass": "every pass", "check": "drafted",
+                             "against": f"spec = {armed[0].spec}", "expected": "> 0 drafts", "got": 0})
         means = [pass_accept_length(v.counters) for v in armed]
         return _verdict("accept_length", findings, f"mean accept length {min(means):.3f}..{max(means):.3f} as expected",
                         lambda f: f"{len(f)} finding(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['check']} vs "
