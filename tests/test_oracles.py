@@ -300,3 +300,16 @@ def test_a_pass_counted_self_draft_must_accept_exactly_k_plus_1() -> None:
 
 def test_pool_audit_skips_an_engine_that_reports_none() -> None:
     assert ORACLES["pool_audit"]([view(baseline(), audited=False)]).status == "skip"
+
+
+def test_a_pass_counted_proposer_that_never_drafts_is_a_finding() -> None:
+    """llama.cpp's ngram-mod at its defaults drafted nothing on the project's workloads: 'as expected' is wrong."""
+    none = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+    counted = dict(spec="ngram", pass_counted=True, max_accept_length=3, spec_reference=baseline(),
+                   spec_reference_counters=none, counters=none)
+    verdict = ORACLES["accept_length"]([view(baseline(), name="cold", **counted),
+                                        view(baseline(), name="warm", **counted)])
+    assert verdict.status == "fail" and verdict.detail[0]["check"] == "drafted"
+    drafted = {"drafts": 4, "draft_tokens": 8, "accepted_tokens": 2}
+    counted.update(spec_reference_counters=drafted, counters=drafted)
+    assert ORACLES["accept_length"]([view(baseline(), name="cold", **counted)]).status == "pass"

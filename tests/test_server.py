@@ -109,7 +109,7 @@ def test_a_failing_server_is_an_error_cell_naming_what_happened(tmp_path: Path, 
 
 def test_a_killed_server_names_its_last_output(tmp_path: Path) -> None:
     row, _ = run_one(tmp_path, "die:1")
-    assert row.status == "error" and "server killed by SIGKILL" in row.error and "out of memory" in row.error
+    assert row.status == "error" and "server killed by SIGKILL" in row.error and "out of memory" in row.error, row.error
 
 
 def test_a_server_that_never_gets_healthy_is_an_error_within_its_start_timeout(tmp_path: Path) -> None:

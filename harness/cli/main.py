@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from contextlib import nullcontext
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from harness.run.faultcheck import check_fault, check_fault_set
 from harness.run.parallel import default_jobs, execute
 from harness.run.runner import GoldenRuns, configure_torch, plan_cell
 from harness.sut import check_runnable
-from harness.sut.server import LOGS_ENV as SERVER_LOGS_ENV
+from harness.sut.server import logs_kept_under
 from reference_impl.faults import FAULTS, UnknownFaultError, check_faults
 from reports.html import write_report
 from reports.junit import write_junit
@@ -97,8 +98,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     info = RunInfo(spec.name, spec.mode, spec.strength, sorted(faults), len(cells), header=header, device=args.device)
     store = ResultsStore(Path(args.report_dir), info, render=write_report)
     done = store.start(args.resume, {c.cell_id for c in cells})
-    if spec.engine == "openai":  # each server's output, named in its cell's metrics
-        os.environ.setdefault(SERVER_LOGS_ENV, str(Path(args.report_dir).resolve() / "servers"))
     configure_torch()
     goldens = GoldenRuns(args.device)
     started = time.perf_counter()
@@ -108,8 +107,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             if cell.cell_id in done:
                 print(f"[{i}/{len(cells)}] {cell.cell_id}: kept from the previous run", flush=True)
                 progress.advance()
-        try:
-            _run_cells(spec, cells, done, faults, goldens, jobs, store, progress)
+        try:  # a server cell's output is kept beside its row
+            with logs_kept_under(store.dir) if spec.engine == "openai" else nullcontext():
+                _run_cells(spec, cells, done, faults, goldens, jobs, store, progress)
         except KeyboardInterrupt:
             interrupted = True
     store.finish(order=[c.cell_id for c in cells])

@@ -30,8 +30,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +62,20 @@ LLAMA_SERVER_ENV = "KVMATRIX_LLAMA_SERVER"
 SGLANG_PYTHON_ENV = "KVMATRIX_SGLANG_PYTHON"
 #: what ``make llama-server`` builds (the directory names the Makefile's LLAMA_CPP_PYTHON).
 LLAMA_SERVER = ROOT / ".build" / "llama.cpp-0.3.36" / "bin" / "llama-server"
+
+
+@contextmanager
+def logs_kept_under(report_dir: Path) -> Iterator[None]:
+    """Keep every server's output under ``report_dir``/servers while the block runs (its cells' metrics name the
+    files), unless ``$KVMATRIX_SERVER_LOGS`` already says where; the variable is restored afterwards."""
+    if os.environ.get(LOGS_ENV):
+        yield
+        return
+    os.environ[LOGS_ENV] = str(report_dir.resolve() / "servers")
+    try:
+        yield
+    finally:
+        os.environ.pop(LOGS_ENV, None)
 
 
 class ServerError(RuntimeError):
