@@ -48,7 +48,7 @@ def test_a_cell_renders_to_sglang_flags(spec, monkeypatch: pytest.MonkeyPatch) -
     assert argv[:3] == ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
     assert "--port 30001" in text and "--skip-tokenizer-init" in text and "--enable-metrics" in text
     assert "--enable-hierarchical-cache --hicache-ratio 2" in text and "--disable-radix-cache" not in text
-    assert f"--speculative-algorithm EAGLE --speculative-draft-model-path " in text
+    assert "--speculative-algorithm EAGLE --speculative-draft-model-path " in text and "sglang_eagle-" in text
     assert f"--speculative-num-steps {levels['num_draft_tokens']} --speculative-eagle-topk 1" in text
     assert f"--page-size {levels['page_size']}" in text and f"--attention-backend {levels['attention_backend']}" in text
     assert ("--enable-deterministic-inference" in text) == (levels["deterministic"] == "on")
@@ -89,3 +89,15 @@ def test_metrics_diff_per_pass() -> None:
     after = metric_sums((RECORDED / "metrics_after.txt").read_text())
     assert after["sglang:spec_verify_calls_total"] - before["sglang:spec_verify_calls_total"] == 4
     assert "sglang:cached_tokens_total" not in before and after["sglang:cached_tokens_total"] == 4
+
+
+def test_sglangs_eagle_head_is_vllms_in_sglangs_layout() -> None:
+    from safetensors.torch import load_file
+
+    from harness.sut.checkpoints import checkpoint_dir
+
+    vllm_head, sglang_head = checkpoint_dir("eagle"), checkpoint_dir("sglang_eagle")
+    assert json.loads((sglang_head / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle"]
+    ours, theirs = load_file(vllm_head / "model.safetensors"), load_file(sglang_head / "model.safetensors")
+    assert set(theirs) == set(ours) | {"fc.bias"} and not theirs["fc.bias"].any()
+    assert all((theirs[name] == tensor).all() for name, tensor in ours.items())

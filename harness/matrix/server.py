@@ -42,8 +42,8 @@ COUNTERS = ("drafts", "draft_tokens", "accepted_tokens", "verify_steps")
 SOURCES = ("metric", "response")
 #: artefacts a template may name, made on first use: checkpoints (harness.sut.checkpoints), their GGUF
 #: (harness.sut.gguf_export), and the interpreters and binaries this project builds.
-PLACEHOLDERS = ("checkpoint", "gguf", "draft_checkpoint", "draft_gguf", "eagle_checkpoint", "vllm_python",
-                "sglang_python", "llama_server", "root")
+PLACEHOLDERS = ("checkpoint", "gguf", "draft_checkpoint", "draft_gguf", "eagle_checkpoint",
+                "sglang_eagle_checkpoint", "vllm_python", "sglang_python", "llama_server", "root")
 #: the placeholders that stand for the cell's ``model`` level (its checkpoint, its GGUF).
 MODEL_PLACEHOLDERS = ("checkpoint", "gguf")
 #: placeholders every cell has.

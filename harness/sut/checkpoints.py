@@ -223,6 +223,16 @@ def eagle_recipe() -> Recipe:
                   source=repr(EAGLE))
 
 
+def sglang_eagle_recipe() -> Recipe:
+    """The same EAGLE head in SGLang's layout: its class is LlamaForCausalLMEagle, and its ``fc`` has a bias
+    (zeros here, so it computes what vLLM's does; left out, SGLang would keep a random init)."""
+    def tensors() -> dict[str, torch.Tensor]:
+        return {**eagle_tensors(EAGLE), "fc.bias": torch.zeros(EAGLE.hidden)}
+
+    return Recipe("sglang_eagle", llama_config(EAGLE, architecture="LlamaForCausalLMEagle"), tensors,
+                  source=repr(EAGLE) + " + zero fc.bias")
+
+
 # -- hybrid: attention + Mamba2 -------------------------------------------------------------------
 #: seed of the hybrid checkpoint's weights
 HYBRID_SEED = 2718
@@ -332,5 +342,6 @@ RECIPES: dict[str, Callable[[], Recipe]] = {
     "dense": dense_recipe,
     "draft": draft_recipe,
     "eagle": eagle_recipe,
+    "sglang_eagle": sglang_eagle_recipe,
     "hybrid": hybrid_recipe,
 }

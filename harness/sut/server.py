@@ -288,8 +288,8 @@ def artefact(name: str, levels: Mapping[str, object]) -> str:
     model = str(levels["model"])
     if name == "checkpoint":
         return str(checkpoint_dir(model))
-    if name in ("draft_checkpoint", "eagle_checkpoint"):
-        return str(checkpoint_dir(name.partition("_")[0]))
+    if name in ("draft_checkpoint", "eagle_checkpoint", "sglang_eagle_checkpoint"):
+        return str(checkpoint_dir(name.removesuffix("_checkpoint")))
     if name in ("gguf", "draft_gguf"):
         from harness.sut.gguf_export import gguf_file
 
