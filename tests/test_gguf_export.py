@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import time
-import urllib.error
-import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +24,7 @@ from fixtures.workloads import Workload, load_workload
 from harness.sut.checkpoints import checkpoint_dir
 from harness.sut.gguf_export import GGUF_CHECKPOINTS, gguf_file, rope_permute
 from harness.sut.reference import build_engine_config
-from harness.sut.server import ServerError, free_port, llama_server
+from harness.sut.server import HOST, ServerError, ServerProcess, free_port, llama_server, llamacpp_body
 from reference_impl.config import DENSE32
 from reference_impl.engine.llm_engine import Engine
 from reference_impl.model.tiny_lm import apply_rope
@@ -141,56 +138,22 @@ def needs_llama_server() -> Path:
     pytest.skip(f"{missing}; CI=true makes this a failure")
 
 
-class LlamaServer:
-    """llama-server on 127.0.0.1 in its own process group, killed (group and all) on exit, however the test ends."""
+@contextmanager
+def llama_server_on(model: Path, log: Path, *args: str) -> Iterator[ServerProcess]:
+    """llama-server on 127.0.0.1 serving ``model``, healthy, in its own process group, stopped however the test ends."""
+    port = free_port()
+    argv = [str(needs_llama_server()), "-m", str(model), "--host", HOST, "--port", str(port), "-t", "1", *args]
+    server = ServerProcess(argv, {}, port, log)
+    try:
+        server.wait_healthy("/health", 60)
+        yield server
+    finally:
+        server.stop()
 
-    def __init__(self, binary: Path, model: Path, log: Path, *args: str) -> None:
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1],
-                        "-t", "1", *args]
-        self.log = log
 
-    def __enter__(self) -> LlamaServer:
-        with self.log.open("wb") as out:
-            self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            self.wait_healthy(timeout=60)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
-
-    def wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"llama-server exited ({self.process.returncode}): {' '.join(self.command)}\n"
-                            f"{self.log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.2)
-        pytest.fail(f"llama-server not healthy within {timeout} s: {' '.join(self.command)}\n"
-                    f"{self.log.read_text()[-3000:]}")
-
-    def complete(self, spec: RequestSpec) -> dict:
-        """Greedy, exactly ``max_new_tokens`` tokens after the token-id prompt, with raw top-2 logprobs per step."""
-        body = {"prompt": list(spec.prompt), "n_predict": spec.max_new_tokens, "temperature": 0, "ignore_eos": True,
-                "n_probs": 2, "return_tokens": True, "cache_prompt": False}
-        request = urllib.request.Request(self.url + "/completion", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return json.load(reply)
+def complete(server: ServerProcess, spec: RequestSpec) -> dict:
+    """Greedy, exactly ``max_new_tokens`` tokens after the token-id prompt, with raw top-2 logprobs per step."""
+    return server.call("/completion", {**llamacpp_body(spec, 2, ""), "cache_prompt": False}, 60, f"to {spec.rid}")
 
 
 def agreement_specs() -> list[RequestSpec]:
@@ -211,12 +174,12 @@ def reference_outputs(specs: list[RequestSpec]) -> dict[str, RequestOutput]:
 @pytest.mark.llamacpp
 def test_llama_servers_greedy_tokens_on_the_dense_gguf_equal_the_reference_engines(tmp_path: Path) -> None:
     """F32 weights and KV, no flash attention, one slot: the same tokens, raw logprobs within float rounding."""
-    binary, specs = needs_llama_server(), agreement_specs()
+    specs = agreement_specs()
     reference = reference_outputs(specs)
     args = ("-c", "512", "-np", "1", "-fa", "off", "-ctk", "f32", "-ctv", "f32")
-    with LlamaServer(binary, gguf_file("dense"), tmp_path / "llama-server.log", *args) as server:
+    with llama_server_on(gguf_file("dense"), tmp_path / "llama-server.log", *args) as server:
         for spec in specs:
-            got, ref = server.complete(spec), reference[spec.rid]
+            got, ref = complete(server, spec), reference[spec.rid]
             assert got["tokens_evaluated"] == len(spec.prompt), f"{spec.rid}: llama-server added tokens to the prompt"
             step = next((i for i, (a, b) in enumerate(zip(got["tokens"], ref.tokens)) if a != b), 0)
             assert got["tokens"] == ref.tokens, (f"{spec.rid}: llama-server {got['tokens']} != reference {ref.tokens}, "
@@ -233,12 +196,12 @@ def test_the_draft_gguf_drafts_for_llama_server_without_changing_its_tokens(tmp_
 
     llama-server returns no probabilities for tokens decoded through speculation, so only tokens are compared.
     """
-    binary, specs = needs_llama_server(), agreement_specs()
+    specs = agreement_specs()
     reference = reference_outputs(specs)
     args = ("-c", "512", "-np", "1", "-fa", "off", "-ctk", "f32", "-ctv", "f32", "-md", str(gguf_file("draft")),
             "--spec-type", "draft-simple", "--spec-draft-n-max", "3")
-    with LlamaServer(binary, gguf_file("dense"), tmp_path / "llama-server.log", *args) as server:
-        answers = {spec.rid: server.complete(spec) for spec in specs}
+    with llama_server_on(gguf_file("dense"), tmp_path / "llama-server.log", *args) as server:
+        answers = {spec.rid: complete(server, spec) for spec in specs}
     assert {rid: got["tokens"] for rid, got in answers.items()} == {rid: out.tokens for rid, out in reference.items()}
     drafted = sum(got["timings"].get("draft_n", 0) for got in answers.values())
     accepted = sum(got["timings"].get("draft_n_accepted", 0) for got in answers.values())

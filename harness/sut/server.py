@@ -337,17 +337,16 @@ _EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception): [^\n]{1,300})")
 class ServerProcess:
     """One server in a process group of its own, its output in a log file; stopped group and all."""
 
-    def __init__(self, launch: Launch, port: int, log_path: Path) -> None:
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], port: int, log_path: Path) -> None:
         self.port = port
         self.log_path = log_path
         self.log = log_path.open("w+")
         try:
-            self.proc = subprocess.Popen(launch.argv, stdin=subprocess.DEVNULL, stdout=self.log,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, **launch.env})
+            self.proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=self.log,
+                                         stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env})
         except OSError as exc:
             self.log.close()
-            raise ServerError(f"cannot launch {launch.argv[0]!r}: {exc}") from exc
+            raise ServerError(f"cannot launch {argv[0]!r}: {exc}") from exc
 
     def url(self, path: str) -> str:
         return f"http://{HOST}:{self.port}{path}"
@@ -486,7 +485,8 @@ class ServerEngine:
             port = free_port()
             self.launch = Launch(self.server, self.levels, port)
             self.starts += 1
-            self.process = ServerProcess(self.launch, port, self.log_dir / f"{self.log_stem}-{self.starts}.log")
+            self.process = ServerProcess(self.launch.argv, self.launch.env, port,
+                                         self.log_dir / f"{self.log_stem}-{self.starts}.log")
             started = self.process.wait_healthy(self.server["health"], self.timeout_s)
         self.served = True
         return self.process, started
