@@ -7,7 +7,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = ["bench_covering.py", "bench_first_run.py", "bench_smoke.py", "bench_kernels.py", "bench_pools.py",
-              "bench_kill.py", "bench_spec.py", "bench_tiers.py", "bench_pd.py", "bench_report.py", "bench_vllm.py"]
+              "bench_kill.py", "bench_spec.py", "bench_tiers.py", "bench_pd.py", "bench_report.py", "bench_engines.py"]
 
 
 def main() -> int:
