@@ -226,3 +226,17 @@ def test_a_llamacpp_response_becomes_the_oracles_output() -> None:
     with pytest.raises(ServerError, match=r"no field '0.logprob'"):
         llamacpp_parse(doc, "to request 'r'")
     assert field_at({"a": [{"b": 2}]}, "a.0.b", int, "x") == 2
+
+
+def test_a_server_program_that_is_not_here_is_refused_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.sut import check_runnable
+
+    path = write_matrix(tmp_path)
+    check_runnable(load_matrix(str(path)), "cpu")
+    path.write_text(path.read_text().replace(f'command = ["{sys.executable}"', 'command = ["/nowhere/server"'))
+    with pytest.raises(MatrixError, match=r"s.toml: \[server\] command: no program '/nowhere/server'"):
+        check_runnable(load_matrix(str(path)), "cpu")
+    path.write_text(path.read_text().replace('command = ["/nowhere/server"', 'command = ["{llama_server}"'))
+    monkeypatch.setenv("KVMATRIX_LLAMA_SERVER", str(tmp_path / "none"))
+    with pytest.raises(MatrixError, match=r"no llama-server at .*none \(make llama-server"):
+        check_runnable(load_matrix(str(path)), "cpu")

@@ -18,6 +18,12 @@ def check_runnable(spec: MatrixSpec, device: str) -> None:
         if not torch.cuda.is_available():
             raise MatrixError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device; "
                               f"run on a GPU machine, or with --device cpu")
+    if spec.engine == "openai":
+        from harness.sut.server import launch_problem
+
+        problem = launch_problem(spec.engine_args)
+        if problem is not None:
+            raise MatrixError(f"{shown_path(spec.path)}: [server] command: {problem}")
     engine = ENGINES[spec.engine]
     levels = [(factor, level) for factor, values in spec.factors for level in values] + list(spec.golden.items())
     for factor, level in levels:

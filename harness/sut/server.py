@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import string
@@ -285,15 +286,14 @@ def artefact(name: str, levels: Mapping[str, object]) -> str:
     """What a ``PLACEHOLDERS`` name stands for in this cell, made on first use."""
     from harness.sut.checkpoints import checkpoint_dir
 
-    model = str(levels["model"])
     if name == "checkpoint":
-        return str(checkpoint_dir(model))
+        return str(checkpoint_dir(str(levels["model"])))
     if name in ("draft_checkpoint", "eagle_checkpoint", "sglang_eagle_checkpoint"):
         return str(checkpoint_dir(name.removesuffix("_checkpoint")))
     if name in ("gguf", "draft_gguf"):
         from harness.sut.gguf_export import gguf_file
 
-        return str(gguf_file(model if name == "gguf" else "draft"))
+        return str(gguf_file(str(levels["model"]) if name == "gguf" else "draft"))
     if name == "vllm_python":
         from harness.sut.vllm import vllm_python
 
@@ -305,6 +305,27 @@ def artefact(name: str, levels: Mapping[str, object]) -> str:
     if name == "root":
         return str(ROOT)
     raise KeyError(name)
+
+
+def launch_problem(server: Mapping) -> str | None:
+    """Why the server's program cannot start here (not built, not installed), or None: found at load, a matrix
+    that cannot run is refused instead of run into error cells."""
+    program = server["command"][0]
+    names = {name for _, name, _, _ in string.Formatter().parse(program) if name}
+    if names - set(PROGRAMS):
+        return None  # a program named by the cell's levels: known only per cell
+    try:
+        path = program.format(**{name: artefact(name, {}) for name in names})
+    except ServerError as exc:
+        return str(exc)
+    if shutil.which(path) is None:
+        hint = " (make vllm-env, or set KVMATRIX_VLLM_PYTHON)" if "vllm_python" in names else ""
+        return f"no program {path!r} (from {program!r}){hint}"
+    return None
+
+
+#: placeholders that name a program, resolved without building anything.
+PROGRAMS = ("vllm_python", "sglang_python", "llama_server", "root")
 
 
 class Launch:
