@@ -107,6 +107,16 @@ def test_a_failing_server_is_an_error_cell_naming_what_happened(tmp_path: Path, 
     assert alive(tmp_path) == []
 
 
+def test_the_error_rows_type_is_the_servers_own_exception(tmp_path: Path) -> None:
+    """The server's last exception line ends the error, so ``fails = "error: RuntimeError"`` can declare it."""
+    from harness.results.rows import error_type
+
+    row, _ = run_one(tmp_path, "exit")
+    assert error_type(row.error) == "RuntimeError" and row.error.endswith("RuntimeError: no such model")
+    row, _ = run_one(tmp_path, "unhealthy", start_timeout=1)
+    assert error_type(row.error) == "ServerError"
+
+
 def test_a_killed_server_names_its_last_output(tmp_path: Path) -> None:
     row, _ = run_one(tmp_path, "die:1")
     assert row.status == "error" and "server killed by SIGKILL" in row.error and "out of memory" in row.error, row.error

@@ -352,7 +352,20 @@ class Launch:
             self.request.update(entry["request"])
 
 
-_EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception): [^\n]{1,300})")
+#: a Python exception line in a server's output (``TypeError: 'function' object is not subscriptable``).
+_EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception): .{1,300})")
+#: what the lines just above a traceback's last line look like (its frames, its carets).
+_FRAME = re.compile(r'File "|\^\^\^|Traceback \(most recent call last\)')
+
+
+def raised_first(text: str) -> str | None:
+    """The exception a server's output shows as the cause: the first that ends a traceback (later ones are
+    usually its consequences: vLLM's EngineDeadError says 'see above'), else the last exception line it
+    printed (a warning may quote one), else None."""
+    lines = text.splitlines()
+    found = [(i, m.group(1)) for i, line in enumerate(lines) if (m := _EXCEPTION.search(line))]
+    ending = [exc for i, exc in found if any(_FRAME.search(line) for line in lines[max(i - 3, 0):i])]
+    return ending[0] if ending else found[-1][1] if found else None
 
 
 class ServerProcess:
@@ -362,6 +375,7 @@ class ServerProcess:
         self.port = port
         self.log_path = log_path
         self.log = log_path.open("w+")
+        self.served_from = 0  # where its output stood when it became healthy
         try:
             self.proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=self.log,
                                          stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env})
@@ -372,12 +386,15 @@ class ServerProcess:
     def url(self, path: str) -> str:
         return f"http://{HOST}:{self.port}{path}"
 
-    def tail(self) -> str:
-        """The server's last output, after the last exception line it printed (often far above the tail)."""
+    def failure(self, summary: str) -> ServerError:
+        """``summary``, then the server's output tail, then its last exception line (often far above the tail):
+        that line ends the message, so the error row's type is the server's own (``error: TypeError`` is
+        declarable), ``ServerError`` when it printed none."""
         self.log.flush()
         text = self.log_path.read_text(errors="replace")
-        raised = _EXCEPTION.findall(text)
-        return (f"[last exception: {raised[-1]}]\n" if raised else "") + f"[{self.log_path}]\n" + text[-LOG_TAIL:]
+        # once it served, what it printed while starting (vLLM logs a warning's traceback there) is not the cause
+        cause = raised_first(text[self.served_from:]) or f"ServerError: {summary}"
+        return ServerError(f"{summary}; its output ({self.log_path}):\n{text[-LOG_TAIL:].rstrip()}\n{cause}")
 
     def exited(self) -> str | None:
         """How the server ended (``exit 1``, ``killed by SIGSEGV``), None while it runs."""
@@ -392,15 +409,17 @@ class ServerProcess:
         while True:
             ended = self.exited()
             if ended is not None:
-                raise ServerError(f"the server ended ({ended}) before {health} answered; its output:\n{self.tail()}")
+                raise self.failure(f"the server ended ({ended}) before {health} answered")
             try:
                 with urllib.request.urlopen(self.url(health), timeout=2.0) as answer:
                     if answer.status == 200:
+                        self.log.flush()
+                        self.served_from = len(self.log_path.read_text(errors="replace"))
                         return time.perf_counter() - began
             except (urllib.error.URLError, OSError, TimeoutError):
                 pass
             if time.perf_counter() - began > timeout_s:
-                raise ServerError(f"the server did not answer {health} within {timeout_s:g} s; its output:\n{self.tail()}")
+                raise self.failure(f"the server did not answer {health} within {timeout_s:g} s")
             time.sleep(HEALTH_POLL_S)
 
     def call(self, path: str, body: dict | None, timeout_s: float, what: str) -> object:
@@ -412,10 +431,9 @@ class ServerProcess:
                 raw = answer.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode(errors="replace")
-            raise ServerError(f"{path} answered HTTP {exc.code} {what}: {detail}") from None
+            raise self.failure(f"{path} answered HTTP {exc.code} {what}: {detail}") from None
         except (urllib.error.URLError, http.client.HTTPException, OSError, TimeoutError) as exc:
-            raise ServerError(f"{path} gave no answer {what} ({exc}; server {self.exited() or 'running'}); "
-                              f"its output:\n{self.tail()}") from None
+            raise self.failure(f"{path} gave no answer {what} ({exc}; server {self.exited() or 'running'})") from None
         try:
             return json.loads(raw)
         except ValueError:
