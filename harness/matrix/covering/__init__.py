@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from harness.matrix.covering.exact import ILP_MAX_GAP, ILP_NODE_LIMIT, ILP_TIME_LIMIT_S
+from harness.matrix.covering.fixedsize import DEFAULT_MOVES
 from harness.matrix.covering.solve import (
     EXACT_MAX_INCIDENCES, METHODS, CoverageError, Covering, Method, check_args, covering_array, interactions, solve,
 )
@@ -44,7 +45,7 @@ from harness.matrix.covering.space import (
 )
 
 __all__ = [
-    "EXACT_MAX_INCIDENCES", "ILP_MAX_GAP", "ILP_NODE_LIMIT", "ILP_TIME_LIMIT_S", "MAX_ENUMERATED_ROWS", "METHODS",
+    "DEFAULT_MOVES", "EXACT_MAX_INCIDENCES", "ILP_MAX_GAP", "ILP_NODE_LIMIT", "ILP_TIME_LIMIT_S", "MAX_ENUMERATED_ROWS", "METHODS",
     "CoverageError", "Covering", "Forbidden", "Method", "Row", "TTuple", "TupleSpace", "allowed_tuples",
     "covering_array", "interactions", "interactions_at", "product_bound", "missing_tuples", "required_mask", "solve",
 ]
