@@ -24,8 +24,9 @@ import numpy as np
 
 #: independence tables up to this many (point t-tuple × field vector) entries (PG(2, 5) at t=3: 3.7M).
 MAX_TABLE = 4_000_000
-#: tabu moves one family size may take.
+#: tabu moves one family search may take, and how many searches may fail before the seed gives up.
 FAMILY_MOVES = 1_500
+MAX_FAILED_FAMILIES = 4
 SEED = 20_261_202
 
 
@@ -101,10 +102,12 @@ def independent(values: np.ndarray, q: int, t: int) -> np.ndarray:
 
 
 def cphf_seed(domains: Sequence[int], t: int, below: int, moves: int = FAMILY_MOVES) -> np.ndarray | None:
-    """A covering array of the unconstrained space with fewer than ``below`` rows from a CPHF, or None.
+    """Rows with fewer than ``below`` covering the unconstrained space's first k' factors (k' as large as found,
+    all of them where a CPHF reaches that far), or None; the rest is the caller's to grow.
 
-    Family sizes n = 1, 2, ... are tried while n blocks could still beat ``below``; n = 1 only where
-    the Bush bound (k <= q + t - 1) lets an orthogonal array exist.
+    Family sizes n = 1, 2, ... are tried while n blocks could still beat ``below``, and for each the
+    longest prefix of factors first; n = 1 only where the Bush bound (k' <= q + t - 1) lets an
+    orthogonal array exist. At most ``MAX_FAILED_FAMILIES`` searches may fail.
     """
     k, q = len(domains), prime_power_at_least(max(domains))
     if t < 2 or k < t:
@@ -112,22 +115,29 @@ def cphf_seed(domains: Sequence[int], t: int, below: int, moves: int = FAMILY_MO
     points = projective_points(q, t)
     if len(points) ** t * q ** t > MAX_TABLE:
         return None
-    values = block_values(q, t, points)
+    values, rng = block_values(q, t, points), np.random.default_rng(SEED)
     table = independent(values, q, t)
-    rng = np.random.default_rng(SEED)
+    best, failures = None, 0
     for n in itertools.count(1):
-        if n * (q ** t - q) + q >= below:
-            return None
-        if n == 1 and k > q + t - 1:
-            continue
-        cells = _family(table, k, t, n, _start(q, t, k, n, points, rng), moves, rng)
-        if cells is None:
-            continue
-        rows = np.unique(np.concatenate([values[cells[r]].T for r in range(n)]), axis=0)
-        rows = np.unique(rows % np.array(domains), axis=0)
-        if len(rows) < below:
-            return rows
-    return None
+        if n * (q ** t - q) + q >= below or failures >= MAX_FAILED_FAMILIES:
+            return best
+        for width in range(k, t, -1):
+            if (n == 1 and width > q + t - 1) or (best is not None and width <= best.shape[1]):
+                continue
+            cells = _family(table, width, t, n, _start(q, t, width, n, points, rng), moves, rng)
+            if cells is None:
+                failures += 1
+                if failures >= MAX_FAILED_FAMILIES:
+                    break
+                continue
+            rows = np.unique(np.concatenate([values[cells[r]].T for r in range(n)]), axis=0)
+            rows = np.unique(rows % np.array(domains[:width]), axis=0)
+            if len(rows) < below:
+                best = rows
+            break
+        if best is not None and best.shape[1] == k:
+            return best
+    return best
 
 
 def _start(q: int, t: int, k: int, n: int, points: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -163,8 +173,9 @@ def _family(table: np.ndarray, k: int, t: int, n: int, cells: np.ndarray, moves:
             others = covers[np.arange(n) != r][:, chosen].any(axis=0)
             trial = np.repeat(cells[r:r + 1], n_points, axis=0)
             trial[:, c] = np.arange(n_points)
-            gain = (table[tuple(trial[:, sets[chosen, i]] for i in range(t))] & ~others).sum(axis=1)
-            gain[cells[r, c]] = -1
+            covered = (table[tuple(trial[:, sets[chosen, i]] for i in range(t))] & ~others).sum(axis=1)
+            gain = covered - covered[cells[r, c]]  # t-sets newly covered, comparable across cells
+            gain[cells[r, c]] = -len(sets) - 1
             top = int(gain.max())
             if best_gain is None or top > best_gain:
                 best, best_gain = [], top

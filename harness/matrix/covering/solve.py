@@ -108,8 +108,15 @@ def _ipog_covering(domains: Sequence[int], t: int, space: TupleSpace, allowed: C
     how = f"IPOG ({len(built)} rows), post-optimisation ({len(reduced)})"
     plain = not ordered.clauses and len(inner.interactions) == math.comb(len(domains), t)
     seed = algebra.cphf_seed(ordered.domains, t, len(reduced)) if plain and len(reduced) > floor else None
-    if seed is not None and _covers(seed, inner, required):
-        reduced, how = seed, f"{how}, CPHF seed over GF({algebra.prime_power_at_least(max(domains))}) ({len(seed)})"
+    if seed is not None:
+        grown = ipog(ordered.domains, inner.interactions, required, ordered, start=seed)
+        seeded = postopt.reduce_rows(grown, inner, required, ordered.allowed_mask, floor)
+        if len(seeded) < len(reduced) and _covers(seeded, inner, required):
+            field = algebra.prime_power_at_least(max(domains))
+            grew = f", IPOG growth to {len(grown)}" if seed.shape[1] < len(domains) else ""
+            reduced = seeded
+            how += (f"; CPHF seed over GF({field}) on {seed.shape[1]} factors ({len(seed)} rows){grew}, "
+                    f"post-optimisation ({len(seeded)})")
     check = ordered.allowed_mask if ordered.clauses else None
     reduced, how = _fixed_size(reduced, inner, required, check, floor, moves, how)
     if cost is not None:
