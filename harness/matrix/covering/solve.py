@@ -106,17 +106,8 @@ def _ipog_covering(domains: Sequence[int], t: int, space: TupleSpace, allowed: C
     floor = inner.counting_bound(required)
     reduced = postopt.reduce_rows(built, inner, required, ordered.allowed_mask, floor)
     how = f"IPOG ({len(built)} rows), post-optimisation ({len(reduced)})"
-    plain = not ordered.clauses and len(inner.interactions) == math.comb(len(domains), t)
-    seed = algebra.cphf_seed(ordered.domains, t, len(reduced)) if plain and len(reduced) > floor else None
-    if seed is not None:
-        grown = ipog(ordered.domains, inner.interactions, required, ordered, start=seed)
-        seeded = postopt.reduce_rows(grown, inner, required, ordered.allowed_mask, floor)
-        if len(seeded) < len(reduced) and _covers(seeded, inner, required):
-            field = algebra.prime_power_at_least(max(domains))
-            grew = f", IPOG growth to {len(grown)}" if seed.shape[1] < len(domains) else ""
-            reduced = seeded
-            how += (f"; CPHF seed over GF({field}) on {seed.shape[1]} factors ({len(seed)} rows){grew}, "
-                    f"post-optimisation ({len(seeded)})")
+    if not ordered.clauses and len(inner.interactions) == math.comb(len(domains), t) and len(reduced) > floor:
+        reduced, how = _seeded(reduced, t, ordered, inner, required, floor, how)
     check = ordered.allowed_mask if ordered.clauses else None
     reduced, how = _fixed_size(reduced, inner, required, check, floor, moves, how)
     if cost is not None:
@@ -128,6 +119,23 @@ def _ipog_covering(domains: Sequence[int], t: int, space: TupleSpace, allowed: C
         how += ", cost pass"
     rows = [tuple(int(row[back[f]]) for f in range(len(domains))) for row in reduced]
     return Covering(rows, floor, how)
+
+
+def _seeded(rows: np.ndarray, t: int, forbidden: Forbidden, space: TupleSpace, required: np.ndarray, floor: int,
+            how: str) -> tuple[np.ndarray, str]:
+    """An algebraic seed grown to every factor by IPOG and post-optimised, where that has fewer rows than ``rows``
+    and covers every required tuple (checked here: a seed is never trusted); else ``rows``."""
+    seed = algebra.cphf_seed(forbidden.domains, t, len(rows))
+    if seed is None:
+        return rows, how
+    grown = ipog(forbidden.domains, space.interactions, required, forbidden, start=seed)
+    seeded = postopt.reduce_rows(grown, space, required, forbidden.allowed_mask, floor)
+    if len(seeded) >= len(rows) or not _covers(seeded, space, required):
+        return rows, how
+    field = algebra.prime_power_at_least(max(forbidden.domains))
+    grew = f", IPOG growth to {len(grown)}" if seed.shape[1] < len(forbidden.domains) else ""
+    return seeded, (f"{how}; CPHF seed over GF({field}) on {seed.shape[1]} factors ({len(seed)} rows){grew}, "
+                    f"post-optimisation ({len(seeded)})")
 
 
 def _exact_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable[[Row], bool], method: Method,
