@@ -83,6 +83,21 @@ def test_defaults(tmp_path: Path) -> None:
     assert spec.constraints == () and dict(spec.golden) == dict(levels.DEFAULT_GOLDEN)
 
 
+def test_search_moves_reach_the_covering_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[matrix] search_moves`` is the generator's move budget; without it the default."""
+    assert load(tmp_path).search_moves == matrix.covering.DEFAULT_MOVES
+    spec = load(tmp_path, VALID.replace("strength = 2", "strength = 2\nsearch_moves = 1234"))
+    seen: list[int] = []
+    real = matrix.covering.solve
+
+    def spy(*args: object, moves: int, **kwargs: object) -> matrix.covering.Covering:
+        seen.append(moves)
+        return real(*args, moves=moves, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(matrix.covering, "solve", spy)
+    assert matrix.generate(spec) and seen == [1234]
+
+
 def test_resolve_by_name_and_by_path(tmp_path: Path) -> None:
     path = write(tmp_path, VALID)
     assert matrix_file.resolve_matrix_path("smoke", tmp_path / "matrices") == path
@@ -248,6 +263,16 @@ BAD = [
     ("strength string", "strength = 2", 'strength = "2"', ["[matrix] strength", "must be an integer", "str '2'"]),
     ("strength float", "strength = 2", "strength = 2.0", ["[matrix] strength", "must be an integer", "float 2.0"]),
     ("strength bool", "strength = 2", "strength = true", ["[matrix] strength", "must be an integer", "bool True"]),
+    ("search_moves negative", "strength = 2", "strength = 2\nsearch_moves = -1",
+     ["[matrix] search_moves", "-1 is outside 0..10,000,000", "0 turns the fixed-size search off"]),
+    ("search_moves too many", "strength = 2", "strength = 2\nsearch_moves = 20000000",
+     ["[matrix] search_moves", "20000000 is outside 0..10,000,000"]),
+    ("search_moves string", "strength = 2", 'strength = 2\nsearch_moves = "5000"',
+     ["[matrix] search_moves", "must be an integer number of moves", "str '5000'"]),
+    ("search_moves float", "strength = 2", "strength = 2\nsearch_moves = 5e3", ["[matrix] search_moves", "float 5000.0"]),
+    ("search_moves bool", "strength = 2", "strength = 2\nsearch_moves = true", ["[matrix] search_moves", "bool True"]),
+    ("search_moves with full", 'mode = "t-wise"\nstrength = 2', 'mode = "full"\nsearch_moves = 5000',
+     ["[matrix] search_moves", "'full'", "only for 't-wise'"]),
     ("timeout negative", "timeout_s = 300", "timeout_s = -1", ["[matrix] timeout_s", "-1"]),
     ("timeout string", "timeout_s = 300", 'timeout_s = "300"', ["[matrix] timeout_s", "'300'"]),
     ("description type", 'description = "a small matrix"', "description = 3", ["[matrix] description", "3"]),

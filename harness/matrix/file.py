@@ -20,6 +20,7 @@ from harness.matrix.model import (
     MODES, Constraint, MatrixSpec, WorkloadRule, check_strength, index_constraints, level_token,
     matrix_error, shown_path,
 )
+from harness.matrix.covering.fixedsize import DEFAULT_MOVES
 from harness.matrix.declared import DECLARED_TABLES, parse_declared
 from harness.matrix.server import parse_server
 
@@ -28,7 +29,9 @@ DEFAULT_TIMEOUT_S = 600.0
 #: cost ILP's coefficients) stay far from overflow and from HiGHS's numeric limits.
 MAX_COST = 1e6
 _TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger", "workloads", "server", *DECLARED_TABLES)
-_MATRIX_KEYS = ("name", "description", "engine", "mode", "strength", "workloads", "timeout_s")
+_MATRIX_KEYS = ("name", "description", "engine", "mode", "strength", "search_moves", "workloads", "timeout_s")
+#: the most ``[matrix] search_moves`` a file may ask for (at 0.1-0.2 ms a move, under an hour).
+MAX_SEARCH_MOVES = 10_000_000
 _CONSTRAINT_KEYS = ("forbid", "reason")
 _STRONGER_KEYS = ("factors", "strength")
 _WORKLOAD_KEYS = ("when", "run", "reason")
@@ -178,6 +181,7 @@ def _parse_header(
         raise matrix_error(path, "[matrix] strength", "missing (required with mode 't-wise')")
     if mode != "t-wise" and strength is not None:
         raise matrix_error(path, "[matrix] strength", f"{strength!r} given with mode {mode!r} (only for 't-wise')")
+    search_moves = _parse_search_moves(path, table, mode)
     timeout_s = table.get("timeout_s", DEFAULT_TIMEOUT_S)
     _typed(path, "[matrix] timeout_s", timeout_s, (int, float), "a number of seconds")
     if not (math.isfinite(timeout_s) and timeout_s > 0):
@@ -188,7 +192,22 @@ def _parse_header(
     if engine not in ENGINES:
         raise matrix_error(path, "[matrix] engine", f"unknown engine {engine!r} (engines: {', '.join(ENGINES)})")
     return {"name": name, "description": description, "engine": engine, "mode": mode, "strength": strength,
-            "workloads": workloads, "timeout_s": float(timeout_s)}
+            "search_moves": search_moves, "workloads": workloads, "timeout_s": float(timeout_s)}
+
+
+def _parse_search_moves(path: Path, table: Mapping[str, object], mode: object) -> int:
+    """``[matrix] search_moves``: the fixed-size search's move budget, an integer 0..MAX_SEARCH_MOVES (t-wise only)."""
+    if "search_moves" not in table:
+        return DEFAULT_MOVES
+    moves = table["search_moves"]
+    if mode != "t-wise":
+        raise matrix_error(path, "[matrix] search_moves", f"given with mode {mode!r} (only for 't-wise')")
+    if isinstance(moves, bool) or not isinstance(moves, int):
+        raise matrix_error(path, "[matrix] search_moves", f"must be an integer number of moves, got {_describe(moves)}")
+    if not 0 <= moves <= MAX_SEARCH_MOVES:
+        raise matrix_error(path, "[matrix] search_moves", f"{moves} is outside 0..{MAX_SEARCH_MOVES:,} (0 turns the "
+                           f"fixed-size search off)")
+    return moves
 
 
 def _parse_workloads(

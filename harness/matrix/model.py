@@ -137,6 +137,8 @@ class MatrixSpec:
     workload_rules: tuple[WorkloadRule, ...] = ()
     #: the system under test (``[matrix] engine``): a name of ``harness.matrix.levels.ENGINES``.
     engine: str = "reference"
+    #: ``[matrix] search_moves``: the move budget of the covering array's fixed-size search (t-wise).
+    search_moves: int = covering.DEFAULT_MOVES
     #: ``[[expected]]``, ``[[tolerances]]``, ``[engine_args]`` (``harness.matrix.declared``).
     expected: tuple[Expected, ...] = ()
     tolerances: tuple[Tolerance, ...] = ()
@@ -223,7 +225,7 @@ def generate_certified(spec: MatrixSpec) -> tuple[list[Cell], covering.Covering 
         assert spec.strength is not None  # load_matrix requires it for t-wise
         try:
             result = covering.solve(_domains(spec), spec.strength, index_constraints(spec), cost=_index_cost(spec),
-                                    stronger=stronger_groups(spec))
+                                    stronger=stronger_groups(spec), moves=spec.search_moves)
         except ValueError as exc:
             raise matrix_error(spec.path, "[factors]", str(exc)) from exc
         return [_cell_of_indices(spec, row) for row in result.rows], result

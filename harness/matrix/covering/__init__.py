@@ -15,12 +15,16 @@ What runs (``solve``, method ``auto``):
   set-cover ILP over *all* candidates (HiGHS, at most ``ILP_NODE_LIMIT`` nodes) asked for one
   row fewer: a solution replaces the rows, infeasibility proves them optimal.
 - Larger spaces with clause constraints: IPOG (``ipog``), which never enumerates the product,
-  then the same local search.
+  then the same local search; unconstrained ones also try an algebraic seed (``algebra``: a
+  covering perfect hash family over GF(q) on as many factors as one is found for, grown to the
+  rest by IPOG), kept only when smaller and covering.
+- Then, in both, while the rows are above the counting bound: the fixed-size search
+  (``fixedsize``), at most ``moves`` moves (``[matrix] search_moves``).
 
 What is guaranteed: every returned array is checked against the allowed tuples (a gap raises
 ``CoverageError``); the rows are sorted and depend on nothing but the input (seeded search,
-node and move counts, no clock — an ILP past its ``ILP_TIME_LIMIT_S`` safety net is discarded,
-and the certificate says so); ``Covering.bound`` is a proven lower bound (the most allowed
+node and move counts, no clock — an ILP past its ``ILP_TIME_LIMIT_S`` safety net, or a fixed-size
+search past ``fixedsize.WALL_CAP_S``, is discarded, and the certificate says so); ``Covering.bound`` is a proven lower bound (the most allowed
 tuples on one t-subset, raised by the LP or ILP where they ran), so ``optimal`` is claimed
 only when the rows meet it. The row count is otherwise the best found, not a minimum.
 
@@ -36,6 +40,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from harness.matrix.covering.exact import ILP_MAX_GAP, ILP_NODE_LIMIT, ILP_TIME_LIMIT_S
+from harness.matrix.covering.fixedsize import DEFAULT_MOVES
 from harness.matrix.covering.solve import (
     EXACT_MAX_INCIDENCES, METHODS, CoverageError, Covering, Method, check_args, covering_array, interactions, solve,
 )
@@ -44,7 +49,7 @@ from harness.matrix.covering.space import (
 )
 
 __all__ = [
-    "EXACT_MAX_INCIDENCES", "ILP_MAX_GAP", "ILP_NODE_LIMIT", "ILP_TIME_LIMIT_S", "MAX_ENUMERATED_ROWS", "METHODS",
+    "DEFAULT_MOVES", "EXACT_MAX_INCIDENCES", "ILP_MAX_GAP", "ILP_NODE_LIMIT", "ILP_TIME_LIMIT_S", "MAX_ENUMERATED_ROWS", "METHODS",
     "CoverageError", "Covering", "Forbidden", "Method", "Row", "TTuple", "TupleSpace", "allowed_tuples",
     "covering_array", "interactions", "interactions_at", "product_bound", "missing_tuples", "required_mask", "solve",
 ]

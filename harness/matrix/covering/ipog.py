@@ -18,12 +18,19 @@ from harness.matrix.covering.space import FREE, Forbidden, Interaction, TupleSpa
 
 
 def ipog(domains: Sequence[int], interactions: Sequence[Interaction], required: np.ndarray,
-         forbidden: Forbidden) -> np.ndarray:
-    """Allowed full rows covering every required tuple of ``interactions`` (ids as in ``TupleSpace``)."""
+         forbidden: Forbidden, start: np.ndarray | None = None) -> np.ndarray:
+    """Allowed full rows covering every required tuple of ``interactions`` (ids as in ``TupleSpace``).
+
+    ``start`` (rows × its first factors) is taken as already covering every interaction among those
+    factors (an algebraic seed, say); growth goes on from the next factor.
+    """
     space = TupleSpace(domains, interactions)
     uncovered = required.copy()
     rows = np.empty((0, len(domains)), dtype=np.int64)
-    for i in range(len(domains)):
+    if start is not None:
+        rows = np.full((len(start), len(domains)), FREE, dtype=np.int64)
+        rows[:, :start.shape[1]] = start
+    for i in range(0 if start is None else start.shape[1], len(domains)):
         joining = [j for j, combo in enumerate(space.interactions) if combo[-1] == i]
         if not joining:
             continue

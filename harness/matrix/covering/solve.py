@@ -9,10 +9,10 @@ from typing import Literal
 
 import numpy as np
 
-from harness.matrix.covering import exact, postopt
+from harness.matrix.covering import algebra, exact, fixedsize, postopt
 from harness.matrix.covering.ipog import ipog
 from harness.matrix.covering.space import (
-    Forbidden, Interaction, Row, TupleSpace, enumerated_allowed_rows, interactions_at, required_mask, row_check,
+    Forbidden, Interaction, Row, RowCheck, TupleSpace, enumerated_allowed_rows, interactions_at, required_mask, row_check,
 )
 
 Method = Literal["auto", "ilp", "greedy", "ipog"]
@@ -43,22 +43,25 @@ class Covering:
 
 
 def solve(domains: Sequence[int], t: int, allowed: Callable[[Row], bool], *, method: Method = "auto",
-          cost: Callable[[Row], float] | None = None, stronger: Sequence[tuple[Sequence[int], int]] = ()) -> Covering:
+          cost: Callable[[Row], float] | None = None, stronger: Sequence[tuple[Sequence[int], int]] = (),
+          moves: int = fixedsize.DEFAULT_MOVES) -> Covering:
     """A t-wise covering array of the allowed rows, sorted, with its lower bound and how it was built.
 
     ``stronger`` asks for mixed strength: each (factors, s) also covers every allowed s-tuple of
     those factors (a 3-wise core inside a 2-wise array); every construction takes it as more
-    interactions to cover.
+    interactions to cover. ``moves`` bounds the fixed-size search (0: none; ``fixedsize``).
     """
     check_args(domains, t)
     if method not in METHODS:
         raise ValueError(f"unknown covering method {method!r} (methods: {', '.join(METHODS)})")
+    if isinstance(moves, bool) or not isinstance(moves, int) or moves < 0:
+        raise ValueError(f"search moves must be an int >= 0, got {moves!r}")
     combos = interactions(domains, t, stronger)
     space = TupleSpace(domains, combos)
     if method == "ipog" or (method == "auto" and _beyond_enumeration(domains, combos, allowed)):
-        result = _ipog_covering(domains, space, allowed, cost)
+        result = _ipog_covering(domains, t, space, allowed, cost, moves)
     else:
-        result = _exact_covering(domains, space, allowed, method, cost)
+        result = _exact_covering(domains, space, allowed, method, cost, moves)
     rows = sorted(result.rows)
     missing = _missing_ids(rows, space, allowed)
     if len(missing):
@@ -87,9 +90,10 @@ def _beyond_enumeration(domains: Sequence[int], combos: list[Interaction], allow
     return isinstance(allowed, Forbidden) and math.prod(domains) * len(combos) > EXACT_MAX_INCIDENCES
 
 
-def _ipog_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable[[Row], bool],
-                   cost: Callable[[Row], float] | None) -> Covering:
-    """IPOG on the factors largest domain first, post-optimisation, the cell-wise cost pass; bound from the tuples."""
+def _ipog_covering(domains: Sequence[int], t: int, space: TupleSpace, allowed: Callable[[Row], bool],
+                   cost: Callable[[Row], float] | None, moves: int) -> Covering:
+    """IPOG on the factors largest domain first, post-optimisation, an algebraic seed where one applies and is
+    smaller, the fixed-size search, the cell-wise cost pass; bound from the tuples."""
     if not isinstance(allowed, Forbidden):
         raise ValueError("IPOG needs the constraints as forbidden clauses (harness.covering.Forbidden)")
     order = sorted(range(len(domains)), key=lambda f: -domains[f])
@@ -101,7 +105,11 @@ def _ipog_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable[
     built = ipog(ordered.domains, inner.interactions, required, ordered)
     floor = inner.counting_bound(required)
     reduced = postopt.reduce_rows(built, inner, required, ordered.allowed_mask, floor)
-    how = f"IPOG ({len(built)} rows), then post-optimisation"
+    how = f"IPOG ({len(built)} rows), post-optimisation ({len(reduced)})"
+    if not ordered.clauses and len(inner.interactions) == math.comb(len(domains), t) and len(reduced) > floor:
+        reduced, how = _seeded(reduced, t, ordered, inner, required, floor, how)
+    check = ordered.allowed_mask if ordered.clauses else None
+    reduced, how = _fixed_size(reduced, inner, required, check, floor, moves, how)
     if cost is not None:
         def inner_cost(row: Row) -> float:
             return cost(tuple(row[back[f]] for f in range(len(domains))))
@@ -113,8 +121,25 @@ def _ipog_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable[
     return Covering(rows, floor, how)
 
 
+def _seeded(rows: np.ndarray, t: int, forbidden: Forbidden, space: TupleSpace, required: np.ndarray, floor: int,
+            how: str) -> tuple[np.ndarray, str]:
+    """An algebraic seed grown to every factor by IPOG and post-optimised, where that has fewer rows than ``rows``
+    and covers every required tuple (checked here: a seed is never trusted); else ``rows``."""
+    seed = algebra.cphf_seed(forbidden.domains, t, len(rows))
+    if seed is None:
+        return rows, how
+    grown = ipog(forbidden.domains, space.interactions, required, forbidden, start=seed)
+    seeded = postopt.reduce_rows(grown, space, required, forbidden.allowed_mask, floor)
+    if len(seeded) >= len(rows) or not _covers(seeded, space, required):
+        return rows, how
+    field = algebra.prime_power_at_least(max(forbidden.domains))
+    grew = f", IPOG growth to {len(grown)}" if seed.shape[1] < len(forbidden.domains) else ""
+    return seeded, (f"{how}; CPHF seed over GF({field}) on {seed.shape[1]} factors ({len(seed)} rows){grew}, "
+                    f"post-optimisation ({len(seeded)})")
+
+
 def _exact_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable[[Row], bool], method: Method,
-                    cost: Callable[[Row], float] | None) -> Covering:
+                    cost: Callable[[Row], float] | None, moves: int) -> Covering:
     """Set cover over every allowed row: greedy, local search, then the ILP where it may prove or improve."""
     candidates = np.array(enumerated_allowed_rows(domains, allowed), dtype=np.int64).reshape(-1, len(domains))
     if len(candidates) == 0:
@@ -129,9 +154,11 @@ def _exact_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable
     chosen = exact.greedy_cover(incidence)
     how = "greedy set cover"
     if method != "greedy" and len(chosen) > floor:
-        reduced = postopt.reduce_rows(candidates[chosen], space, required, row_check(domains, allowed), floor)
+        check = row_check(domains, allowed)
+        reduced = postopt.reduce_rows(candidates[chosen], space, required, check, floor)
+        reduced, how = _fixed_size(reduced, space, required, check, floor, moves, how + ", local search")
         index = {tuple(row): i for i, row in enumerate(candidates.tolist())}
-        chosen, how = [index[tuple(row)] for row in reduced.tolist()], how + ", local search"
+        chosen = [index[tuple(row)] for row in reduced.tolist()]
     bound = floor
     if method == "ilp" or (method == "auto" and len(chosen) > floor):
         outcome = exact.improve_or_prove(incidence, chosen, None if method == "ilp" else exact.ILP_MAX_GAP)
@@ -140,6 +167,25 @@ def _exact_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable
     if cost is not None:
         chosen = _cheapest(incidence, chosen, candidates, cost, method)
     return Covering([tuple(int(v) for v in candidates[i]) for i in chosen], bound, how)
+
+
+def _fixed_size(rows: np.ndarray, space: TupleSpace, required: np.ndarray, check: RowCheck | None, floor: int,
+                moves: int, how: str) -> tuple[np.ndarray, str]:
+    """The fixed-size search's rows where it ran and found fewer, and the certificate's words for what it did."""
+    if moves == 0 or len(rows) <= floor:
+        return rows, how
+    shrunk = fixedsize.shrink(rows, space, required, check, floor, moves)
+    if shrunk.capped:
+        return rows, f"{how}, fixed-size search stopped by its {fixedsize.WALL_CAP_S:g} s safety net (discarded)"
+    rows = np.unique(shrunk.rows, axis=0)  # a repeated row covers nothing new
+    return rows, f"{how}, fixed-size search ({len(rows)} rows, {shrunk.moves:,} moves)"
+
+
+def _covers(rows: np.ndarray, space: TupleSpace, required: np.ndarray) -> bool:
+    """Whether ``rows`` (all allowed) contain every required tuple: how a seed is checked before it is used."""
+    covered = np.zeros(space.size, dtype=bool)
+    covered[space.ids(rows).ravel()] = True
+    return bool((covered | ~required).all())
 
 
 def _cheapest(incidence: np.ndarray, chosen: list[int], candidates: np.ndarray, cost: Callable[[Row], float],
@@ -175,10 +221,10 @@ def _missing_ids(rows: Sequence[Row], space: TupleSpace, allowed: Callable[[Row]
 
 
 def covering_array(domains: Sequence[int], t: int, allowed: Callable[[Row], bool], *, method: Method = "auto",
-                   cost: Callable[[Row], float] | None = None,
-                   stronger: Sequence[tuple[Sequence[int], int]] = ()) -> list[Row]:
+                   cost: Callable[[Row], float] | None = None, stronger: Sequence[tuple[Sequence[int], int]] = (),
+                   moves: int = fixedsize.DEFAULT_MOVES) -> list[Row]:
     """The rows of ``solve``: a t-wise covering array of the allowed rows, sorted."""
-    return solve(domains, t, allowed, method=method, cost=cost, stronger=stronger).rows
+    return solve(domains, t, allowed, method=method, cost=cost, stronger=stronger, moves=moves).rows
 
 
 def check_args(domains: Sequence[int], t: int) -> None:
