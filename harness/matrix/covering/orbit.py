@@ -24,7 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-#: tabu moves one starter search may take before its row count counts as not found.
+#: tabu moves one starter search may take before its row count counts as not found (3^15, 9 rows:
+#: 3,000 missed it on two of five generator seeds, 10,000 found it on all five; about 1.5 s).
 STARTER_MOVES = 10_000
 #: a cell changed within this many moves may not change again.
 TABU_TENURE = 3
