@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 
 from harness.matrix import covering
-from harness.matrix.covering import algebra, fixedsize
+from harness.matrix.covering import algebra, fixedsize, orbit
 from harness.matrix.covering.ipog import ipog
 from harness.matrix.covering.space import TupleSpace, interactions_at, required_mask
 from tests.test_covering import Forbid, brute_allowed_rows, brute_tuples, clauses, spaces
@@ -167,3 +167,40 @@ def test_an_algebraic_seed_that_covers_replaces_the_construction() -> None:
     bound, proven optimal."""
     result = covering.solve([5] * 6, 2, covering.Forbidden([5] * 6), method="ipog")
     assert len(result.rows) == 25 and result.optimal and "CPHF seed over GF(5)" in result.how
+
+
+@pytest.mark.parametrize(("domains", "rows"), [([3] * 15, 57), ([3] * 12, 45), ([3] * 6 + [2] * 4, None)])
+def test_the_s3_orbit_seed_covers_every_triple(domains: list[int], rows: int | None) -> None:
+    """6 images of each starter row and the 3 constant rows: every 3-tuple, by brute force (3^12: the best known 45)."""
+    seed = orbit.orbit_seed(domains, 3, below=70)
+    assert seed is not None and (seed < np.array(domains)).all()
+    assert rows is None or len(seed) == rows
+    assert brute_tuples(seed.tolist(), 3) == every_tuple(domains, 3)
+
+
+def test_the_s3_orbit_seed_is_the_same_in_a_fresh_process() -> None:
+    code = "from harness.matrix.covering import orbit; print(orbit.orbit_seed([3] * 15, 3, 70).tolist())"
+    env = {**os.environ, "PYTHONHASHSEED": "99"}
+    fresh = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, env=env)
+    assert fresh.stdout == f"{orbit.orbit_seed([3] * 15, 3, 70).tolist()}\n"
+
+
+def test_the_s3_orbit_seed_is_only_for_three_levels_at_strength_three() -> None:
+    assert orbit.orbit_seed([3] * 8, 2, below=100) is None
+    assert orbit.orbit_seed([4] + [3] * 7, 3, below=100) is None
+    assert orbit.orbit_seed([2] * 8, 3, below=100) is None
+
+
+def test_an_orbit_seed_that_misses_a_tuple_is_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = orbit.orbit_seed([3] * 5, 3, below=10 ** 6)[1:]
+    monkeypatch.setattr(orbit, "orbit_seed", lambda domains, t, below: broken)
+    result = covering.solve([3] * 5, 3, covering.Forbidden([3] * 5), method="ipog")
+    assert "S3 orbit" not in result.how
+    assert brute_tuples(result.rows, 3) == every_tuple([3] * 5, 3)
+
+
+def test_fifteen_factors_of_three_levels_at_strength_three_take_57_rows_before_the_search() -> None:
+    """Issue 21's space: IPOG and post-optimisation give 68, the CPHF seed 61; the S3 orbit seed 57."""
+    result = covering.solve([3] * 15, 3, covering.Forbidden([3] * 15), moves=0)
+    assert len(result.rows) <= 57 and "S3 orbit seed" in result.how
+    assert brute_tuples(result.rows, 3) == every_tuple([3] * 15, 3)

@@ -15,9 +15,10 @@ What runs (``solve``, method ``auto``):
   set-cover ILP over *all* candidates (HiGHS, at most ``ILP_NODE_LIMIT`` nodes) asked for one
   row fewer: a solution replaces the rows, infeasibility proves them optimal.
 - Larger spaces with clause constraints: IPOG (``ipog``), which never enumerates the product,
-  then the same local search; unconstrained ones also try an algebraic seed (``algebra``: a
+  then the same local search; unconstrained ones also try algebraic seeds (``algebra``: a
   covering perfect hash family over GF(q) on as many factors as one is found for, grown to the
-  rest by IPOG), kept only when smaller and covering.
+  rest by IPOG; ``orbit``, for at most 3 levels at t=3 only: a starter array's images under every
+  permutation of the levels), the smallest kept only when smaller and covering.
 - Then, in both, while the rows are above the counting bound: the fixed-size search
   (``fixedsize``), at most ``moves`` moves (``[matrix] search_moves``).
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 import numpy as np
 
-from harness.matrix.covering import algebra, exact, fixedsize, postopt
+from harness.matrix.covering import algebra, exact, fixedsize, orbit, postopt
 from harness.matrix.covering.ipog import ipog
 from harness.matrix.covering.space import (
     Forbidden, Interaction, Row, RowCheck, TupleSpace, enumerated_allowed_rows, interactions_at, required_mask, row_check,
@@ -92,7 +92,7 @@ def _beyond_enumeration(domains: Sequence[int], combos: list[Interaction], allow
 
 def _ipog_covering(domains: Sequence[int], t: int, space: TupleSpace, allowed: Callable[[Row], bool],
                    cost: Callable[[Row], float] | None, moves: int) -> Covering:
-    """IPOG on the factors largest domain first, post-optimisation, an algebraic seed where one applies and is
+    """IPOG on the factors largest domain first, post-optimisation, algebraic seeds where they apply and are
     smaller, the fixed-size search, the cell-wise cost pass; bound from the tuples."""
     if not isinstance(allowed, Forbidden):
         raise ValueError("IPOG needs the constraints as forbidden clauses (harness.covering.Forbidden)")
@@ -123,19 +123,25 @@ def _ipog_covering(domains: Sequence[int], t: int, space: TupleSpace, allowed: C
 
 def _seeded(rows: np.ndarray, t: int, forbidden: Forbidden, space: TupleSpace, required: np.ndarray, floor: int,
             how: str) -> tuple[np.ndarray, str]:
-    """An algebraic seed grown to every factor by IPOG and post-optimised, where that has fewer rows than ``rows``
-    and covers every required tuple (checked here: a seed is never trusted); else ``rows``."""
-    seed = algebra.cphf_seed(forbidden.domains, t, len(rows))
-    if seed is None:
-        return rows, how
-    grown = ipog(forbidden.domains, space.interactions, required, forbidden, start=seed)
-    seeded = postopt.reduce_rows(grown, space, required, forbidden.allowed_mask, floor)
-    if len(seeded) >= len(rows) or not _covers(seeded, space, required):
-        return rows, how
+    """The smallest of ``rows`` and the algebraic seeds that apply (the S3 orbit of a starter, a CPHF), each grown to
+    every factor by IPOG and post-optimised, kept only if it covers every required tuple (checked here: a seed is
+    never trusted)."""
     field = algebra.prime_power_at_least(max(forbidden.domains))
-    grew = f", IPOG growth to {len(grown)}" if seed.shape[1] < len(forbidden.domains) else ""
-    return seeded, (f"{how}; CPHF seed over GF({field}) on {seed.shape[1]} factors ({len(seed)} rows){grew}, "
-                    f"post-optimisation ({len(seeded)})")
+    seeds = ((orbit.orbit_seed, "S3 orbit seed"), (algebra.cphf_seed, f"CPHF seed over GF({field})"))
+    for build, name in seeds:
+        seed = build(forbidden.domains, t, len(rows))
+        if seed is None:
+            continue
+        grown = seed
+        if seed.shape[1] < len(forbidden.domains):
+            grown = ipog(forbidden.domains, space.interactions, required, forbidden, start=seed)
+        seeded = postopt.reduce_rows(grown, space, required, forbidden.allowed_mask, floor)
+        if len(seeded) >= len(rows) or not _covers(seeded, space, required):
+            continue
+        grew = f", IPOG growth to {len(grown)}" if seed.shape[1] < len(forbidden.domains) else ""
+        rows, how = seeded, (f"{how}; {name} on {seed.shape[1]} factors ({len(seed)} rows){grew}, "
+                             f"post-optimisation ({len(seeded)})")
+    return rows, how
 
 
 def _exact_covering(domains: Sequence[int], space: TupleSpace, allowed: Callable[[Row], bool], method: Method,
