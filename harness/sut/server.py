@@ -52,6 +52,8 @@ TOP_LOGPROBS = 2
 LOG_TAIL = 3000
 #: seconds a stopping server gets after SIGTERM before its process group is killed.
 STOP_GRACE_S = 10.0
+#: seconds a request that got no answer waits for the server's death to be reported, to name it.
+DEATH_GRACE_S = 2.0
 #: seconds between health probes while a server starts.
 HEALTH_POLL_S = 0.25
 #: where server logs are kept for the report (``harness run`` sets it under its report directory).
@@ -396,9 +398,13 @@ class ServerProcess:
         cause = raised_first(text[self.served_from:]) or f"ServerError: {summary}"
         return ServerError(f"{summary}; its output ({self.log_path}):\n{text[-LOG_TAIL:].rstrip()}\n{cause}")
 
-    def exited(self) -> str | None:
-        """How the server ended (``exit 1``, ``killed by SIGSEGV``), None while it runs."""
-        code = self.proc.poll()
+    def exited(self, grace_s: float = 0.0) -> str | None:
+        """How the server ended (``exit 1``, ``killed by SIGSEGV``), None while it runs (after waiting up to
+        ``grace_s`` for it to end: a dropped connection comes before the kernel reports the death behind it)."""
+        try:
+            code = self.proc.wait(timeout=grace_s) if grace_s else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            code = None
         if code is None:
             return None
         return f"exit {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
@@ -433,7 +439,8 @@ class ServerProcess:
             detail = exc.read()[:500].decode(errors="replace")
             raise self.failure(f"{path} answered HTTP {exc.code} {what}: {detail}") from None
         except (urllib.error.URLError, http.client.HTTPException, OSError, TimeoutError) as exc:
-            raise self.failure(f"{path} gave no answer {what} ({exc}; server {self.exited() or 'running'})") from None
+            state = self.exited(grace_s=DEATH_GRACE_S) or "running"
+            raise self.failure(f"{path} gave no answer {what} ({exc}; server {state})") from None
         try:
             return json.loads(raw)
         except ValueError:
@@ -443,33 +450,41 @@ class ServerProcess:
         try:
             with urllib.request.urlopen(self.url(path), timeout=timeout_s) as answer:
                 return answer.read().decode(errors="replace")
-        except (urllib.error.URLError, OSError, TimeoutError) as exc:
-            raise ServerError(f"{path} gave no answer ({exc}; server {self.exited() or 'running'})") from None
+        except (urllib.error.URLError, http.client.HTTPException, OSError, TimeoutError) as exc:
+            state = self.exited(grace_s=DEATH_GRACE_S) or "running"
+            raise self.failure(f"{path} gave no answer ({exc}; server {state})") from None
 
     def stop(self) -> None:
-        """SIGTERM to the group, SIGKILL after the grace; every process of the group is gone on return."""
-        for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)):
+        """SIGTERM to the group, SIGKILL to what is left after the grace; on return no process of the group runs
+        (SIGKILL is delivered asynchronously: the group is watched until it is gone)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=STOP_GRACE_S)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        while group_members(self.proc.pid) and time.monotonic() < deadline:
             try:
-                os.killpg(self.proc.pid, sig)
+                os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 break
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                continue
-            if sig is signal.SIGKILL or not _group_alive(self.proc.pid):
-                break
+            time.sleep(0.05)
         self.proc.wait()
         self.log.close()
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` is left (a server's workers may outlive its leader)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def group_members(pgid: int) -> list[int]:
+    """The live processes of group ``pgid`` (a server's workers may outlive its leader); a zombie has ended
+    (an orphan's zombie may never be reaped where init does not reap)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
 
 
 # --- the system-under-test protocol ----------------------------------------------------------------------------
