@@ -19,10 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.matrix.file import load_matrix  # noqa: E402
-from harness.matrix.levels import OPENAI  # noqa: E402
 from harness.matrix.model import MatrixSpec, generate  # noqa: E402
 from harness.run.runner import GoldenRuns, configure_torch, run_cell  # noqa: E402
-from harness.sut.server import Launch, ServerError  # noqa: E402
+from harness.sut.server import launch_problem  # noqa: E402
 from harness.sut.vllm import vllm_python  # noqa: E402
 
 DEFAULT = ("vllm_smoke", "vllm_server_smoke", "llamacpp_smoke")
@@ -35,12 +34,7 @@ def missing(spec: MatrixSpec) -> str | None:
     if spec.engine == "vllm" and not vllm_python().exists():
         return f"no vLLM environment at {vllm_python()} (make vllm-env)"
     if spec.engine == "openai":
-        try:
-            program = Launch(spec.engine_args, OPENAI.full(dict(spec.golden)), 0).argv[0]
-        except ServerError as exc:
-            return str(exc)
-        if "/" in program and not Path(program).exists():
-            return f"no {program}"
+        return launch_problem(spec.engine_args)
     return None
 
 

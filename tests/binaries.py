@@ -1,8 +1,10 @@
-"""Programs from Debian's packages that some tests need: skip without them, except under CI=true (.ci/run installs them)."""
+"""What some tests need from outside the project: Debian's programs, and what make builds (vLLM's venv,
+llama-server). Skip without them, except under CI=true, where .ci/run provides them and a missing one fails."""
 from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -15,3 +17,12 @@ def required_binary(name: str, what: str) -> str:
             pytest.fail(f"{name} is not installed, and CI=true requires {what} to run")
         pytest.skip(f"{name} is not installed (apt-get install {name}); CI=true makes this a failure")
     return binary
+
+
+def required_path(path: Path, make_target: str) -> Path:
+    """``path``, which ``make MAKE_TARGET`` builds; skip without it, except under CI=true, where a missing one fails."""
+    if not path.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {path} is missing: .ci/run builds it with make {make_target}")
+        pytest.skip(f"no {path} (make {make_target}); CI=true makes this a failure")
+    return path

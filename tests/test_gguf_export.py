@@ -8,7 +8,6 @@ reference engine's; it skips without the binary, except under CI=true, where a m
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -24,11 +23,12 @@ from fixtures.workloads import Workload, load_workload
 from harness.sut.checkpoints import checkpoint_dir
 from harness.sut.gguf_export import GGUF_CHECKPOINTS, gguf_file, rope_permute
 from harness.sut.reference import build_engine_config
-from harness.sut.server import HOST, ServerError, ServerProcess, free_port, llama_server, llamacpp_body
+from harness.sut.server import HOST, ServerProcess, free_port, llama_server_path, llamacpp_body
 from reference_impl.config import DENSE32
 from reference_impl.engine.llm_engine import Engine
 from reference_impl.model.tiny_lm import apply_rope
 from reference_impl.request import RequestOutput, RequestSpec
+from tests.binaries import required_path
 
 
 def field(reader: gguf.GGUFReader, key: str) -> object:
@@ -127,22 +127,11 @@ def test_the_gguf_is_built_once_and_only_for_llama_checkpoints() -> None:
 
 # --- the real llama-server ----------------------------------------------------------------------------------
 
-def needs_llama_server() -> Path:
-    """The llama-server binary; skip without it, except under CI=true, where a missing one fails."""
-    try:
-        return llama_server()
-    except ServerError as error:
-        missing = str(error)
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true, but {missing}: .ci/run builds it")
-    pytest.skip(f"{missing}; CI=true makes this a failure")
-
-
 @contextmanager
 def llama_server_on(model: Path, log: Path, *args: str) -> Iterator[ServerProcess]:
     """llama-server on 127.0.0.1 serving ``model``, healthy, in its own process group, stopped however the test ends."""
     port = free_port()
-    argv = [str(needs_llama_server()), "-m", str(model), "--host", HOST, "--port", str(port), "-t", "1", *args]
+    argv = [str(required_path(llama_server_path(), "llama-server")), "-m", str(model), "--host", HOST, "--port", str(port), "-t", "1", *args]
     server = ServerProcess(argv, {}, port, log)
     try:
         server.wait_healthy("/health", 60)

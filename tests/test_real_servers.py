@@ -6,7 +6,6 @@ dense model (fp32, flash attention off). Each skips without its server, except u
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from harness.matrix.file import load_matrix
 from harness.matrix.levels import CROSS_MODELS, REFERENCE
 from harness.run.runner import run_workload
 from harness.sut import server, vllm
+from tests.binaries import required_path
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one real engine at a time
@@ -23,19 +23,12 @@ pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: on
 SERVER_COMMANDS = ("vllm.entrypoints.openai.api_server", "llama-server")
 
 
-def needs(binary: Path, make_target: str) -> None:
-    if not binary.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {binary} is missing: .ci/run builds it with make {make_target}")
-        pytest.skip(f"no {binary} (make {make_target})")
-
-
 def needs_vllm() -> None:
-    needs(vllm.vllm_python(), "vllm-env")
+    required_path(vllm.vllm_python(), "vllm-env")
 
 
 def needs_llama_server() -> None:
-    needs(Path(os.environ.get(server.LLAMA_SERVER_ENV) or server.LLAMA_SERVER), "llama-server")
+    required_path(server.llama_server_path(), "llama-server")
 
 
 def running_servers(report: Path) -> list[str]:
@@ -46,11 +39,10 @@ def running_servers(report: Path) -> list[str]:
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
             environ = (proc / "environ").read_bytes()
-        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-        if state != "Z" and marker in environ and any(name in cmdline for name in SERVER_COMMANDS):
+        if marker in environ and any(name in cmdline for name in SERVER_COMMANDS) and server.is_live(int(proc.name)):
             found.append(cmdline)
     return found
 

@@ -18,7 +18,7 @@ from harness.matrix.file import load_matrix
 from harness.matrix.model import MatrixError, generate
 from harness.run.runner import GoldenRuns, run_cell
 from harness.sut.server import (
-    Launch, ServerError, field_at, llamacpp_parse, metric_sums, openai_parse, request_output,
+    Launch, ServerError, field_at, is_live, llamacpp_parse, metric_sums, openai_parse, request_output,
 )
 from reference_impl.request import RequestSpec
 
@@ -72,17 +72,8 @@ def run_one(tmp_path: Path, mode: str, **kwargs) -> tuple[object, float]:
 
 
 def alive(tmp_path: Path) -> list[int]:
-    """The stand-in's processes (leader and forked workers) still running; a zombie has ended (this container's
-    init may never reap an orphan)."""
-    found = []
-    for pid in map(int, (tmp_path / "pids").read_text().split()):
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except FileNotFoundError:
-            continue
-        if state != "Z":
-            found.append(pid)
-    return found
+    """The stand-in's processes (leader and forked workers) still running."""
+    return [pid for pid in map(int, (tmp_path / "pids").read_text().split()) if is_live(pid)]
 
 
 def test_a_well_behaved_server_is_judged_and_stopped(tmp_path: Path) -> None:

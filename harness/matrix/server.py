@@ -91,7 +91,7 @@ def parse_server(path: Path, table: object, factors: Mapping[str, Sequence[objec
         "start_timeout_s": _seconds(path, f"{where} start_timeout_s", table.get("start_timeout_s", 300)),
         "levels": _levels(path, table.get("levels", {}), factors, names),
     }
-    used = {name for text in _all_strings(server) for name in _fields(text)}
+    used = {name for text in _all_strings(server) for name in placeholders(text)}
     if used & set(MODEL_PLACEHOLDERS):
         used.add("model")
     for factor in factors:
@@ -101,15 +101,15 @@ def parse_server(path: Path, table: object, factors: Mapping[str, Sequence[objec
     return server
 
 
-def _fields(text: str) -> list[str]:
-    """The placeholder names of a template string."""
+def placeholders(text: str) -> list[str]:
+    """The placeholder names of a template string (``{port}``; ``{{`` is a literal brace)."""
     return [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
 
 
 def _template(path: Path, key: str, text: object, names: Sequence[str], level: bool = False) -> str:
     text = _string(path, key, text)
     try:
-        fields = _fields(text)
+        fields = placeholders(text)
     except ValueError as exc:
         raise matrix_error(path, key, f"bad template {text!r}: {exc} (write a literal brace as {{{{ or }}}})") from exc
     allowed = [*names, "level"] if level else names

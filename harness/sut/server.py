@@ -25,7 +25,6 @@ import re
 import shutil
 import signal
 import socket
-import string
 import subprocess
 import tempfile
 import time
@@ -42,6 +41,7 @@ import torch
 from fixtures.workloads import Workload
 from harness.matrix.levels import OPENAI
 from harness.matrix.model import level_token
+from harness.matrix.server import placeholders
 from harness.sut.base import PassResult, Totals, Traits
 from reference_impl.request import RequestOutput, RequestSpec
 
@@ -276,9 +276,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def llama_server_path() -> Path:
+    """Where the llama-server binary is looked for: ``$KVMATRIX_LLAMA_SERVER``, else what ``make llama-server`` builds."""
+    return Path(os.environ.get(LLAMA_SERVER_ENV) or LLAMA_SERVER)
+
+
 def llama_server() -> Path:
-    """The llama-server binary: ``$KVMATRIX_LLAMA_SERVER``, else the one ``make llama-server`` builds."""
-    path = Path(os.environ.get(LLAMA_SERVER_ENV) or LLAMA_SERVER)
+    """The llama-server binary; ``ServerError`` naming the make target when it is not there."""
+    path = llama_server_path()
     if not path.is_file():
         raise ServerError(f"no llama-server at {path} (make llama-server, or set {LLAMA_SERVER_ENV})")
     return path
@@ -313,7 +318,7 @@ def launch_problem(server: Mapping) -> str | None:
     """Why the server's program cannot start here (not built, not installed), or None: found at load, a matrix
     that cannot run is refused instead of run into error cells."""
     program = server["command"][0]
-    names = {name for _, name, _, _ in string.Formatter().parse(program) if name}
+    names = set(placeholders(program))
     if names - set(PROGRAMS):
         return None  # a program named by the cell's levels: known only per cell
     try:
@@ -338,8 +343,7 @@ class Launch:
         cache: dict[str, str] = {}
 
         def render(text: str, level: object = None) -> str:
-            names = {name for _, name, _, _ in string.Formatter().parse(text) if name}
-            for name in names - values.keys() - {"level"} - cache.keys():
+            for name in set(placeholders(text)) - values.keys() - {"level"} - cache.keys():
                 cache[name] = artefact(name, levels)
             return text.format(**{**values, **cache, "level": level})
 
@@ -377,7 +381,7 @@ class ServerProcess:
         self.port = port
         self.log_path = log_path
         self.log = log_path.open("w+")
-        self.served_from = 0  # where its output stood when it became healthy
+        self.served_from = 0  # the size of its output (bytes) when it became healthy
         try:
             self.proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=self.log,
                                          stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env})
@@ -393,10 +397,11 @@ class ServerProcess:
         that line ends the message, so the error row's type is the server's own (``error: TypeError`` is
         declarable), ``ServerError`` when it printed none."""
         self.log.flush()
-        text = self.log_path.read_text(errors="replace")
+        output = self.log_path.read_bytes()
         # once it served, what it printed while starting (vLLM logs a warning's traceback there) is not the cause
-        cause = raised_first(text[self.served_from:]) or f"ServerError: {summary}"
-        return ServerError(f"{summary}; its output ({self.log_path}):\n{text[-LOG_TAIL:].rstrip()}\n{cause}")
+        cause = raised_first(output[self.served_from:].decode(errors="replace")) or f"ServerError: {summary}"
+        tail = output[-LOG_TAIL:].decode(errors="replace").rstrip()
+        return ServerError(f"{summary}; its output ({self.log_path}):\n{tail}\n{cause}")
 
     def exited(self, grace_s: float = 0.0) -> str | None:
         """How the server ended (``exit 1``, ``killed by SIGSEGV``), None while it runs (after waiting up to
@@ -419,8 +424,7 @@ class ServerProcess:
             try:
                 with urllib.request.urlopen(self.url(health), timeout=2.0) as answer:
                     if answer.status == 200:
-                        self.log.flush()
-                        self.served_from = len(self.log_path.read_text(errors="replace"))
+                        self.served_from = self.log_path.stat().st_size
                         return time.perf_counter() - began
             except (urllib.error.URLError, OSError, TimeoutError):
                 pass
@@ -473,18 +477,25 @@ class ServerProcess:
         self.log.close()
 
 
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name (state, ppid, pgrp, …); None for a process that is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def is_live(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie has ended (an orphan's zombie may never be reaped where init does
+    not reap)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
 def group_members(pgid: int) -> list[int]:
-    """The live processes of group ``pgid`` (a server's workers may outlive its leader); a zombie has ended
-    (an orphan's zombie may never be reaped where init does not reap)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(stat.parent.name))
-    return members
+    """The live processes of group ``pgid`` (a server's workers may outlive its leader)."""
+    pids = (int(path.name) for path in Path("/proc").glob("[0-9]*"))
+    return [pid for pid in pids if (fields := _stat(pid)) and fields[0] != "Z" and int(fields[2]) == pgid]
 
 
 # --- the system-under-test protocol ----------------------------------------------------------------------------
