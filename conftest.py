@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fixtures.workloads import Workload, load_workload
-from harness.sut.reference import build_engine_config
+from harness.sut.reference.engine import build_engine_config
 from reference_impl.engine.llm_engine import Engine
 
 # `harness run` in tests runs its cells one after another: pytest -n already fills the cores. The tests

@@ -19,23 +19,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.matrix.file import load_matrix  # noqa: E402
-from harness.matrix.model import MatrixSpec, generate  # noqa: E402
-from harness.run.runner import GoldenRuns, configure_torch, run_cell  # noqa: E402
-from harness.sut.server import launch_problem  # noqa: E402
-from harness.sut.vllm import vllm_python  # noqa: E402
+from harness.matrix.model import Matrix, generate  # noqa: E402
+from harness.run.golden import GoldenRuns  # noqa: E402
+from harness.run.cell import configure_torch, run_cell  # noqa: E402
+from harness import sut  # noqa: E402
 
 DEFAULT = ("vllm_smoke", "vllm_server_smoke", "llamacpp_smoke")
 COLUMNS = ("wall_seconds", "engine_start_seconds", "engine_requests_seconds", "engine_seconds", "golden_seconds",
            "harness_seconds")
 
 
-def missing(spec: MatrixSpec) -> str | None:
-    """Why ``spec``'s engine cannot run here, or None."""
-    if spec.engine == "vllm" and not vllm_python().exists():
-        return f"no vLLM environment at {vllm_python()} (make vllm-env)"
-    if spec.engine == "openai":
-        return launch_problem(spec.engine_args)
-    return None
+def missing(matrix: Matrix) -> str | None:
+    """Why ``matrix``'s engine cannot run here, or None."""
+    return sut.engine(matrix.engine).launch_problem(matrix.engine_args)
 
 
 def report(name: str, rows: Iterable[Mapping], wall: float, goldens: str = "") -> None:
@@ -55,14 +51,14 @@ def report(name: str, rows: Iterable[Mapping], wall: float, goldens: str = "") -
 
 
 def run(matrix: str) -> None:
-    spec = load_matrix(matrix, matrices_dir=ROOT / "matrices")
-    reason = missing(spec)
+    matrix = load_matrix(matrix, matrices_dir=ROOT / "matrices")
+    reason = missing(matrix)
     if reason:
         print(f"{matrix}: skipped: {reason}")
         return
-    cells, goldens = generate(spec), GoldenRuns()
+    cells, goldens = generate(matrix), GoldenRuns()
     started = time.perf_counter()
-    rows = [run_cell(spec, cell, faults=frozenset(), goldens=goldens).to_json() for cell in cells]
+    rows = [run_cell(matrix, cell, faults=frozenset(), goldens=goldens).to_json() for cell in cells]
     report(matrix, rows, time.perf_counter() - started,
            f"golden runs {goldens.computed} computed, {goldens.reused} reused")
 

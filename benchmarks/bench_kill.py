@@ -16,7 +16,8 @@ sys.path.insert(0, str(ROOT))
 
 from harness.run.faultcheck import check_fault  # noqa: E402
 from harness.matrix.file import load_matrix  # noqa: E402
-from harness.run.runner import GoldenRuns, configure_torch  # noqa: E402
+from harness.run.golden import GoldenRuns  # noqa: E402
+from harness.run.cell import configure_torch  # noqa: E402
 
 #: matrix → the faults judged on it: the seed faults of the unified pool × Triton, and PD's grid shift
 #: (which needs PD, the staging buffer and a decode-side cache hit at once).
@@ -35,8 +36,8 @@ def main() -> None:
         modes = {"ofat": dataclasses.replace(base, mode="ofat"), "2-wise": base.with_strength(2),
                  "3-wise": base.with_strength(3)}
         for fault in faults:
-            for mode, spec in modes.items():
-                check = check_fault(spec, fault, goldens)
+            for mode, matrix in modes.items():
+                check = check_fault(matrix, fault, goldens)
                 hit = len(check.triggered & check.seen_by_oracle)
                 print(f"{fault:28s} {mode:7s} {'yes' if check.detected else 'NO':8s} {hit:17d} {check.cells:5d} "
                       f"{check.seconds:7.1f}", flush=True)

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fixtures.workloads import load_workload  # noqa: E402
-from harness.sut.reference import build_engine_config  # noqa: E402
-from harness.run.runner import configure_torch  # noqa: E402
+from harness.sut.reference.engine import build_engine_config  # noqa: E402
+from harness.run.cell import configure_torch  # noqa: E402
 from reference_impl import registry  # noqa: E402
 from reference_impl.pd.disagg import DisaggEngine  # noqa: E402
 from reference_impl.pd.transport import InprocTransport  # noqa: E402

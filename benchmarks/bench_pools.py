@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fixtures.workloads import load_workload  # noqa: E402
-from harness.run.runner import configure_torch, run_workload  # noqa: E402
+from harness.run.cell import configure_torch  # noqa: E402
+from harness.run.serve import run_workload  # noqa: E402
 from reference_impl.config import DENSE, HYBRID  # noqa: E402
 from reference_impl.memory.static import StaticPools  # noqa: E402
 from reference_impl.memory.unified import UnifiedPool  # noqa: E402

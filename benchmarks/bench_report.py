@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.results.rows import write_lines  # noqa: E402
 from reports.html import write_report  # noqa: E402
-from harness.results.culprits import analyze  # noqa: E402
+from harness.results.locate import analyze  # noqa: E402
 from harness.results.reader import summarize  # noqa: E402
 from tests import report_rows  # noqa: E402
 from tests.test_browser import FLAGS  # noqa: E402

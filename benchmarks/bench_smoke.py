@@ -17,20 +17,21 @@ sys.path.insert(0, str(ROOT))
 from harness.matrix.model import generate  # noqa: E402
 from harness.matrix.file import load_matrix  # noqa: E402
 from harness.results.store import ResultsStore, RunInfo  # noqa: E402
-from harness.run.runner import GoldenRuns, configure_torch, run_cell  # noqa: E402
+from harness.run.golden import GoldenRuns  # noqa: E402
+from harness.run.cell import configure_torch, run_cell  # noqa: E402
 
 
 def main(matrix: str = "smoke") -> None:
     configure_torch()
-    spec = load_matrix(matrix, matrices_dir=ROOT / "matrices")
-    cells = generate(spec)
+    matrix = load_matrix(matrix, matrices_dir=ROOT / "matrices")
+    cells = generate(matrix)
     goldens = GoldenRuns()
-    store = ResultsStore(Path(tempfile.mkdtemp(prefix="kvmatrix-bench-")), RunInfo(spec.name, spec.mode, None, [], len(cells)))
+    store = ResultsStore(Path(tempfile.mkdtemp(prefix="kvmatrix-bench-")), RunInfo(matrix.name, matrix.mode, None, [], len(cells)))
     store.start(resume=False, planned={c.cell_id for c in cells})
     started = time.perf_counter()
     results, writing = [], 0.0
     for cell in cells:
-        results.append(run_cell(spec, cell, faults=frozenset(), goldens=goldens))
+        results.append(run_cell(matrix, cell, faults=frozenset(), goldens=goldens))
         before = time.perf_counter()
         store.add(results[-1])  # results.jsonl, summary.json and index.html, as a real run writes them
         writing += time.perf_counter() - before

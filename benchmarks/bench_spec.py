@@ -14,7 +14,8 @@ sys.path.insert(0, str(ROOT))
 
 from fixtures.workloads import WORKLOADS as ALL_WORKLOADS  # noqa: E402
 from fixtures.workloads import load_workload  # noqa: E402
-from harness.run.runner import configure_torch, run_workload  # noqa: E402
+from harness.run.cell import configure_torch  # noqa: E402
+from harness.run.serve import run_workload  # noqa: E402
 from reference_impl.spec.verify import outputs_accept_stats  # noqa: E402
 
 WORKLOADS = ("system_prompt", "multi_turn", "long_prompts", "burst")

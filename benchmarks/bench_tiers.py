@@ -15,8 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.sut.reference import build_engine_config  # noqa: E402
-from harness.run.runner import configure_torch  # noqa: E402
+from harness.sut.reference.engine import build_engine_config  # noqa: E402
+from harness.run.cell import configure_torch  # noqa: E402
 from fixtures.workloads import load_workload  # noqa: E402
 from reference_impl.cache.stores import FileStore, RedisStore, StoreError  # noqa: E402
 from reference_impl.engine.llm_engine import Engine  # noqa: E402

@@ -47,12 +47,13 @@ def judge(matrix: str = "mutation") -> int:
     """Run a mutation matrix on the tree as it is; print each failing cell's oracles; 1 if any cell fails."""
     from harness.matrix.model import generate
     from harness.matrix.file import load_matrix
-    from harness.run.runner import GoldenRuns, configure_torch, run_cell
+    from harness.run.golden import GoldenRuns
+    from harness.run.cell import configure_torch, run_cell
 
     configure_torch()
-    spec, goldens, failed = load_matrix(str(ROOT / "benchmarks" / f"{matrix}.toml")), GoldenRuns(), 0
-    for cell in generate(spec):
-        result = run_cell(spec, cell, faults=frozenset(), goldens=goldens)
+    matrix, goldens, failed = load_matrix(str(ROOT / "benchmarks" / f"{matrix}.toml")), GoldenRuns(), 0
+    for cell in generate(matrix):
+        result = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
         if result.status != "pass":
             failed += 1
             seen = [name for name, v in result.oracles.items() if v.status == "fail"] or [f"error: {(result.error or '')[-200:]}"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from harness.results.culprits import analyze, error_class
+from harness.results.locate import analyze, error_class
 from harness.results.header import reproduce_command
 from harness.results.rows import as_float, dumps, error_line
 from reports import evidence
@@ -17,8 +17,6 @@ from reports.grid import grid
 STATUS_ORDER = {"error": 0, "fail": 1, "xpass": 2, "xfail": 3, "pass": 4, "skip": 5}
 #: the statuses whose cells get an evidence box: what fails the run, and the declared failures (xfail).
 SHOWN_STATUSES = ("fail", "error", "xpass", "xfail")
-ORACLE_ORDER = ["tokens", "logprobs", "nan", "accept_length", "cached_tokens", "batch_invariance", "completeness",
-                "pool_audit", "pd_audit", "cross_engine"]
 SHOWN_FINDINGS = 5
 #: above this many cells the passing ones start folded away: a closed <details> is parsed but not laid
 #: out, which keeps a 5,000-cell page quick to open (BENCHMARKS.md, bench_report.py).
@@ -41,12 +39,9 @@ def anchors(cell_ids: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def oracle_order(name: str) -> tuple[int, str]:
-    return (ORACLE_ORDER.index(name) if name in ORACLE_ORDER else len(ORACLE_ORDER), name)
-
-
 def failing_oracles(row: Mapping) -> list[str]:
-    return sorted((n for n, v in row["oracles"].items() if v["verdict"] == "fail"), key=oracle_order)
+    """The oracles that failed ``row``, in the order the row lists them (the order they are registered in)."""
+    return [n for n, v in row["oracles"].items() if v["verdict"] == "fail"]
 
 
 def signature(row: Mapping) -> tuple:
@@ -132,7 +127,7 @@ def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Ma
     runs = {r["run_id"]: r for r in summary.get("runs", []) if isinstance(r, Mapping) and "run_id" in r}
     factors: list[str] = list(dict.fromkeys(f for r in rows for f in r["factors"]))
     levels = {f: list(dict.fromkeys(r["factors"][f] for r in rows if f in r["factors"])) for f in factors}
-    oracles = sorted({n for r in rows for n in r["oracles"]}, key=oracle_order)
+    oracles = list(dict.fromkeys(n for r in rows for n in r["oracles"]))  # as the rows list them
     ids = anchors([r["cell_id"] for r in rows])
     table = row_ids([r["cell_id"] for r in rows])
     classes = analyze(rows, probes)

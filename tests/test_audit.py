@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-import harness.sut.reference as reference
+import harness.sut.reference.engine as reference
 from fixtures.workloads import load_workload
 from harness.matrix.model import generate
 from harness.matrix.file import load_matrix
-from harness.run.oracles import ORACLES
-from harness.run.runner import GoldenRuns, run_cell
+from harness.oracles import oracles
+from harness.run.golden import GoldenRuns
+from harness.run.cell import run_cell
 from reference_impl.engine.llm_engine import Engine
 from tests.test_oracles import baseline, view
 
@@ -31,7 +32,7 @@ def warm_engine(make_engine, model: str = "dense") -> Engine:
 
 
 def audit_verdict(problems: list[str]) -> tuple[str, str]:
-    verdict = ORACLES["pool_audit"]([view(baseline(), audit=problems)])
+    verdict = oracles()["pool_audit"]([view(baseline(), audit=problems)])
     return verdict.status, verdict.message
 
 
@@ -83,14 +84,14 @@ def test_alone_runs_that_differ_from_the_batch_fail_batch_invariance(tmp_path: P
     path = tmp_path / "m.toml"
     path.write_text('[matrix]\nname = "m"\nmode = "full"\nworkloads = ["pair"]\n'
                     '[factors]\ncache = ["device"]\npage_size = [16]\npool = ["unified"]\n')
-    spec = load_matrix(str(path))
-    (cell,) = generate(spec)
-    assert run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["batch_invariance"].status == "pass"
+    matrix = load_matrix(str(path))
+    (cell,) = generate(matrix)
+    assert run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["batch_invariance"].status == "pass"
     # the alone runs (the session's solo- tenant) lose deterministic mode: same tokens, other bits
     make_engine = reference.make_engine
     monkeypatch.setattr(reference, "make_engine", lambda config: Engine(replace(config, deterministic=False))
                         if config.tenant.startswith("solo-") else make_engine(config))
-    verdict = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["batch_invariance"]
+    verdict = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["batch_invariance"]
     assert verdict.status == "fail" and {d["against"] for d in verdict.detail} == {"solo"}
 
 
@@ -98,18 +99,18 @@ def one_cell(tmp_path: Path, workload: str, **factors: str) -> tuple:
     lines = "\n".join(f'{name} = ["{level}"]' for name, level in factors.items())
     path = tmp_path / "m.toml"
     path.write_text(f'[matrix]\nname = "m"\nmode = "full"\nworkloads = ["{workload}"]\n[factors]\n{lines}\npage_size = [16]\n')
-    spec = load_matrix(str(path))
-    return spec, generate(spec)[0]
+    matrix = load_matrix(str(path))
+    return matrix, generate(matrix)[0]
 
 
 def test_a_hit_lost_in_a_capped_pass_fails_cached_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """burst evicts L1 under its 256-token pool, but L2 keeps every page: the warm pass must hit everything."""
     from reference_impl.cache.tiered import HostCache
 
-    spec, cell = one_cell(tmp_path, "burst", cache="host", deterministic="off")
-    assert run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"].status == "pass"
+    matrix, cell = one_cell(tmp_path, "burst", cache="host", deterministic="off")
+    assert run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"].status == "pass"
     monkeypatch.setattr(HostCache, "load_back", lambda self, tokens, match: match)  # L2's part of every hit is lost
-    verdict = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"]
+    verdict = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"]
     assert verdict.status == "fail" and {d["pass"] for d in verdict.detail} == {"warm"}
 
 
@@ -117,10 +118,10 @@ def test_a_head_the_store_loses_after_a_second_spill_fails_cached_tokens(tmp_pat
     """spill_rounds' third round must reload its head from L3 once L1 and L2 both dropped it."""
     from reference_impl.cache.storage import StorageCache
 
-    spec, cell = one_cell(tmp_path, "spill_rounds", cache="storage", deterministic="off")
-    assert run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"].status == "pass"
+    matrix, cell = one_cell(tmp_path, "spill_rounds", cache="storage", deterministic="off")
+    assert run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"].status == "pass"
     monkeypatch.setattr(StorageCache, "_below", lambda self, keys, covered: (0, set()))  # L3 never answers a read
-    verdict = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"]
+    verdict = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"]
     assert verdict.status == "fail" and ("cold", "rounds-b0") in {(d["pass"], d["request"]) for d in verdict.detail}
 
 
@@ -128,7 +129,7 @@ def test_a_hit_lost_in_a_later_round_of_the_cold_pass_fails_cached_tokens(tmp_pa
     """templated's second round must hit the heads the first round cached (32 tokens)."""
     from reference_impl.cache.radix import RadixCache
 
-    spec, cell = one_cell(tmp_path, "templated", cache="device", deterministic="off")
+    matrix, cell = one_cell(tmp_path, "templated", cache="device", deterministic="off")
     original = RadixCache.match_prefix
 
     def lose_short_hits(self, tokens):
@@ -136,6 +137,6 @@ def test_a_hit_lost_in_a_later_round_of_the_cold_pass_fails_cached_tokens(tmp_pa
         return original(self, tokens[:0]) if match.matched_tokens == 32 else match
 
     monkeypatch.setattr(RadixCache, "match_prefix", lose_short_hits)
-    verdict = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"]
+    verdict = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"]
     assert verdict.status == "fail" and {(d["pass"], d["request"]) for d in verdict.detail} == {
         ("cold", "templated-2"), ("cold", "templated-3")}

@@ -8,9 +8,9 @@ import pytest
 
 from fixtures.workloads import Workload, load_workload, tokens
 from fixtures.workloads.cache_model import ModelError, model_hits
-from harness.matrix.levels import DEFAULT_LEVELS
-from harness.run.runner import run_workload
-from harness.sut.reference import build_engine_config
+from harness.sut.reference import LEVELS
+from harness.run.serve import run_workload
+from harness.sut.reference.engine import build_engine_config
 from reference_impl.engine.llm_engine import Engine
 from reference_impl.request import RequestSpec
 
@@ -72,7 +72,7 @@ def test_a_capped_sequential_pass_is_exact_not_a_band() -> None:
 
 def test_an_eviction_that_frees_too_much_fails_only_against_the_model() -> None:
     """evict_counts_leaves: the lost hit is inside the band, and outside the model's exact expectation."""
-    levels = {**DEFAULT_LEVELS, "cache": "device", "page_size": 16}
+    levels = {**LEVELS.defaults, "cache": "device", "page_size": 16}
     run = run_workload(levels, load_workload("leaf_pressure"), frozenset({"evict_counts_leaves"}), "cpu")
     (out,) = [o for o in run.passes["cold"].outputs if o.rid == "leaf-again"]
     workload = load_workload("leaf_pressure")

@@ -179,6 +179,6 @@ def test_kill_exits_1_and_names_the_missed_cell(tmp_path: Path, capsys, monkeypa
     from harness.run.faultcheck import FaultCheck
 
     missed = FaultCheck("priority_scheduler_drop", 2, frozenset({"a"}), frozenset(), frozenset(), 0.1)
-    monkeypatch.setattr(cli, "check_fault", lambda spec, name, goldens: missed)
+    monkeypatch.setattr(cli, "check_fault", lambda matrix, name, goldens: missed)
     assert main(["kill", "--matrix", str(write_matrix(tmp_path)), "--fault", "priority_scheduler_drop"]) == 1
     assert "missed: a" in capsys.readouterr().out

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from fixtures.workloads import Workload
-from harness.matrix.levels import engine_levels
+from harness.sut.reference import LEVELS
 from harness.matrix.model import generate
-from harness.run.runner import GoldenRuns, WorkloadRun, run_cell, run_workload
+from harness.run.golden import GoldenRuns
+from harness.run.serve import WorkloadRun, run_workload
+from harness.run.cell import run_cell
 from reference_impl.faults import FAULTS
 from tests.test_faults import fault_matrix
 
@@ -34,10 +36,10 @@ def test_the_clean_matrix_of_each_planted_bug_passes(fault: str, tmp_path: Path)
     """Without the fault its trigger cells pass, so the failures ``test_faults`` sees there (exactly the trigger
     cells, through the fault's oracle) come from the planted bug and not from the workload. (The other cells
     pass with the fault injected: ``test_faults`` fails on any cell it cannot reach.)"""
-    spec, goldens = fault_matrix(fault, tmp_path), GoldenRuns()
-    triggers = [c for c in generate(spec) if FAULTS[fault].triggered_by(engine_levels(c.as_dict()))]
+    matrix, goldens = fault_matrix(fault, tmp_path), GoldenRuns()
+    triggers = [c for c in generate(matrix) if FAULTS[fault].triggered_by(LEVELS.full(c.as_dict()))]
     assert triggers, f"the matrix of {fault} has no trigger cell"
-    clean = {cell.cell_id: run_cell(spec, cell, faults=frozenset(), goldens=goldens) for cell in triggers}
+    clean = {cell.cell_id: run_cell(matrix, cell, faults=frozenset(), goldens=goldens) for cell in triggers}
     assert all(r.status == "pass" for r in clean.values()), {c: r.status for c, r in clean.items()}
 
 
@@ -54,9 +56,9 @@ class BuggyGoldens(GoldenRuns):
 
 def test_a_proposer_bug_in_golden_too_is_still_seen_by_the_prompt_lookup_replay(tmp_path: Path) -> None:
     fault = frozenset({"ngram_prompt_only"})
-    spec = fault_matrix("ngram_prompt_only", tmp_path)
-    cell = next(c for c in generate(spec) if c.as_dict()["spec"] == "ngram" and c.as_dict()["model"] == "dense")
-    verdict = run_cell(spec, cell, faults=fault, goldens=BuggyGoldens(fault)).oracles["accept_length"]
+    matrix = fault_matrix("ngram_prompt_only", tmp_path)
+    cell = next(c for c in generate(matrix) if c.as_dict()["spec"] == "ngram" and c.as_dict()["model"] == "dense")
+    verdict = run_cell(matrix, cell, faults=fault, goldens=BuggyGoldens(fault)).oracles["accept_length"]
     checks = {finding["check"] for finding in verdict.detail}
     assert verdict.status == "fail" and checks == {"trace"}, verdict.detail  # golden agrees: no "relative" finding
     assert FAULTS["ngram_prompt_only"].oracle == "accept_length"
@@ -93,8 +95,8 @@ def ofat_matrix(fault: str, tmp_path: Path) -> object:
 def test_one_factor_at_a_time_misses_each_multi_factor_fault(fault: str, tmp_path: Path) -> None:
     """No cell of the one-factor-at-a-time array triggers it, and every one passes with it injected; the full (or
     t-wise) matrix of the same factors fails exactly its trigger cells (test_faults)."""
-    spec, goldens = ofat_matrix(fault, tmp_path), GoldenRuns()
-    cells = generate(spec)
-    assert not [c for c in cells if FAULTS[fault].triggered_by(engine_levels(c.as_dict()))]
-    results = {c.cell_id: run_cell(spec, c, faults=frozenset({fault}), goldens=goldens).status for c in cells}
+    matrix, goldens = ofat_matrix(fault, tmp_path), GoldenRuns()
+    cells = generate(matrix)
+    assert not [c for c in cells if FAULTS[fault].triggered_by(LEVELS.full(c.as_dict()))]
+    results = {c.cell_id: run_cell(matrix, c, faults=frozenset({fault}), goldens=goldens).status for c in cells}
     assert set(results.values()) == {"pass"}, results

@@ -15,8 +15,8 @@ from harness.matrix.file import load_matrix
 from harness.matrix.model import MatrixError, generate
 from harness.results.compare import compare
 from harness.results.rows import CellResult, Verdict
-from harness.run.runner import plan_cell
-from harness.sut import check_runnable
+from harness.run.plan import plan_cell
+from harness.run.session import check_runnable
 from tests.test_cli import records, write_matrix
 
 DECLARED = """
@@ -104,8 +104,8 @@ def test_a_declared_tolerance_is_the_cells(tmp_path: Path) -> None:
     path = write_matrix(tmp_path)
     path.write_text(path.read_text() + '[[tolerances]]\nwhen = { scheduler = "priority" }\nlogprobs = 0.5\n'
                     'reason = "a lossy level"\n')
-    spec = load_matrix(str(path))
-    plans = {c.as_dict()["scheduler"]: plan_cell(spec, c, frozenset()) for c in generate(spec)}
+    matrix = load_matrix(str(path))
+    plans = {c.as_dict()["scheduler"]: plan_cell(matrix, c, frozenset()) for c in generate(matrix)}
     assert plans["priority"].tolerances == {"logprobs": 0.5} and plans["fcfs"].tolerances == {}
 
 
@@ -159,10 +159,3 @@ def test_a_device_that_is_not_here_is_one_line_and_exit_2(tmp_path: Path, capsys
                  "--report-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "sees no CUDA device" in err and len(err.strip().splitlines()) == 1
-
-
-def test_a_declaration_names_exactly_the_oracles_that_judge() -> None:
-    from harness.matrix.declared import ORACLE_NAMES
-    from harness.run.oracles import ORACLES
-
-    assert sorted(ORACLE_NAMES) == sorted(ORACLES)

@@ -7,9 +7,10 @@ import pytest
 
 from harness.results.rows import error_type
 from harness.run.faultcheck import _seen, check_fault
-from harness.matrix.model import MatrixSpec
+from harness.matrix.model import Matrix
 from harness.matrix.file import load_matrix
-from harness.run.runner import CellResult, GoldenRuns
+from harness.results.rows import CellResult
+from harness.run.golden import GoldenRuns
 from reference_impl.faults import FAULTS
 
 #: pool × backend × deterministic × poison around every unified-pool and Triton fault, on the
@@ -378,7 +379,7 @@ MATRIX_OF = {
 }
 
 
-def fault_matrix(fault: str, tmp_path: Path) -> MatrixSpec:
+def fault_matrix(fault: str, tmp_path: Path) -> Matrix:
     """The matrix ``fault`` is checked on, written where load_matrix wants it (the file named as the matrix)."""
     text = MATRIX_OF[fault]
     name = text.split('name = "')[1].split('"')[0]
@@ -443,12 +444,12 @@ UNCOVERED = {
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_each_fault_matrix_covers_every_level_of_its_trigger_factors(fault: str, tmp_path: Path) -> None:
-    from harness.matrix.levels import DEFAULT_LEVELS
+    from harness.sut.reference import LEVELS
     from reference_impl import registry
 
-    spec = fault_matrix(fault, tmp_path)
+    matrix = fault_matrix(fault, tmp_path)
     for factor in FAULTS[fault].triggers:
         domain = set(registry.COMPONENTS.get(factor, {})) or VALUE_DOMAINS[factor]
-        levels = set(dict(spec.factors).get(factor, (DEFAULT_LEVELS[factor],)))
+        levels = set(dict(matrix.factors).get(factor, (LEVELS.defaults[factor],)))
         missing = domain - levels
         assert not missing or (fault, factor) in UNCOVERED, f"{fault}: its matrix lacks {factor} = {sorted(missing, key=str)}"

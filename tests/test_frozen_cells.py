@@ -28,8 +28,8 @@ def cell_ids(matrix: Path) -> list[str]:
 
 def frozen_text(matrix: Path) -> str:
     """The frozen file for ``matrix``: a header saying how it was made, then one cell id per line."""
-    spec = load_matrix(str(matrix))
-    mode = f"t-wise, t={spec.strength}" if spec.mode == "t-wise" else spec.mode
+    loaded = load_matrix(str(matrix))
+    mode = f"t-wise, t={loaded.strength}" if loaded.mode == "t-wise" else loaded.mode
     ids = cell_ids(matrix)
     header = f"# matrices/{matrix.name} ({mode}): {len(ids)} cells, in order. Regenerate: {REGENERATE}\n"
     return header + "".join(f"{cell_id}\n" for cell_id in ids)

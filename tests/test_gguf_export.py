@@ -22,8 +22,10 @@ from safetensors.torch import load_file
 from fixtures.workloads import Workload, load_workload
 from harness.sut.checkpoints import checkpoint_dir
 from harness.sut.gguf_export import GGUF_CHECKPOINTS, gguf_file, rope_permute
-from harness.sut.reference import build_engine_config
-from harness.sut.server import HOST, ServerProcess, free_port, llama_server_path, llamacpp_body
+from harness.sut.reference.engine import build_engine_config
+from harness.sut.openai.launch import HOST, free_port, llama_server_path
+from harness.sut.openai.server import ServerProcess
+from harness.sut.openai.wire import llamacpp_body
 from reference_impl.config import DENSE32
 from reference_impl.engine.llm_engine import Engine
 from reference_impl.model.tiny_lm import apply_rope

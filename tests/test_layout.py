@@ -6,9 +6,11 @@ so a cycle or a reach into another package's private names fails here, not in a 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -145,14 +147,16 @@ def test_registry_levels_resolve(factor: str) -> None:
         assert (resolved is None) == ((factor, level) == ("pd", "off")), (factor, level, resolved)
 
 
-#: harness's layers, top down: an import goes to the same layer or a lower one, never up, never across.
-HARNESS_LAYERS = {"entry": 3, "run": 2, "sut": 1, "results": 1, "matrix": 0}
+#: harness's layers, top down: an import goes to the same layer or a lower one, never up, never across. The
+#: matrix reads its engine's declaration (its levels) and the oracles' names; an oracle reads what an engine
+#: applied (``Traits``) and writes a verdict (``results.rows``).
+HARNESS_LAYERS = {"entry": 5, "run": 4, "matrix": 3, "oracles": 2, "sut": 1, "results": 1}
 #: the entry points: ``python -m harness``, the pytest plugin and the command line (the only importers of reports/).
 HARNESS_ENTRY = {"harness.__main__", "harness.pytest_plugin"}
 
 
 def harness_unit(module: str) -> str:
-    """``harness.run.runner`` → ``run``; the entry points (``__main__``, the plugin, ``cli/``) → ``entry``."""
+    """``harness.run.cell`` → ``run``; the entry points (``__main__``, the plugin, ``cli/``) → ``entry``."""
     if module in HARNESS_ENTRY or module == "harness" or module.split(".")[1] == "cli":
         return "entry"
     return module.split(".")[1]
@@ -174,7 +178,7 @@ def test_harness_modules_import_no_cycle() -> None:
 
 
 def test_harness_layers_stack_one_way() -> None:
-    """entry points → run → sut / results → matrix: no import goes up a layer or across to a sibling layer."""
+    """entry points → run → matrix → oracles → sut / results: no import goes up a layer or across to a sibling."""
     bad = [
         f"{module} ({harness_unit(module)}) imports {target} ({harness_unit(target)})"
         for module, targets in module_graph("harness").items()
@@ -213,7 +217,7 @@ def test_reports_read_the_record_through_harness_results_only() -> None:
 
 def test_the_layer_check_sees_an_upward_import() -> None:
     """The checker itself: a results module importing the runner is an upward import."""
-    assert HARNESS_LAYERS[harness_unit("harness.run.runner")] > HARNESS_LAYERS[harness_unit("harness.results.store")]
+    assert HARNESS_LAYERS[harness_unit("harness.run.cell")] > HARNESS_LAYERS[harness_unit("harness.results.store")]
     assert harness_unit("harness.cli.main") == harness_unit("harness.pytest_plugin") == "entry"
 
 
@@ -234,6 +238,49 @@ def test_fault_names_are_spelled_once() -> None:
 def test_the_plugin_alone_imports_neither_torch_nor_the_engine() -> None:
     """pytest loads the plugin in every run of the environment: on an unrelated project it must stay light."""
     code = ("import sys, harness.pytest_plugin; "
-            "print(sorted(m for m in ('torch', 'reference_impl', 'harness.run.runner') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'reference_impl', 'harness.run.cell') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+#: no harness module grows past this many lines (STYLE.md: a file over ~400 lines needs a reason you can name).
+MAX_MODULE_LINES = 400
+
+
+def test_no_harness_module_is_over_400_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in source_files("harness") if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, long
+
+
+#: an engine's packages: the only places that may name an engine (its registry line in harness/sut/__init__.py aside).
+ENGINE_PACKAGES = ("harness/sut/reference/", "harness/sut/vllm/", "harness/sut/openai/")
+_NAMED_ENGINE = re.compile(r"""(==|!=|\bin)\s*\(?\s*["'](reference|vllm|openai)["']|["'](reference|vllm|openai)["']\s*(==|!=)|"""
+                           r"""\bengine\w*\s*(==|!=)\s*["']""")
+
+
+def test_no_code_outside_an_engine_package_tests_the_engine_by_name() -> None:
+    """A fourth engine is one package and one registry line: nothing else may branch on an engine's name."""
+    paths = [*source_files("harness"), *source_files("reports"), *sorted((ROOT / "benchmarks").glob("*.py"))]
+    bad = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+           for path in paths if not str(path.relative_to(ROOT)).startswith(ENGINE_PACKAGES)
+           for number, line in enumerate(path.read_text().splitlines(), start=1) if _NAMED_ENGINE.search(line)]
+    assert not bad, bad
+
+
+def test_the_engine_name_check_sees_a_branch() -> None:
+    assert _NAMED_ENGINE.search('if spec.engine == "openai":') and _NAMED_ENGINE.search('if engine != "reference"')
+    assert _NAMED_ENGINE.search("kind in ('vllm', 'openai')") and not _NAMED_ENGINE.search('name="vllm",')
+
+
+#: the most fields any record handed to an oracle may have: an oracle reads a narrow view, not a hub.
+MAX_VIEW_FIELDS = 12
+
+
+def test_what_an_oracle_reads_is_narrow() -> None:
+    """The view and every record it hands on (the engine's traits, a pass's result) have at most 12 fields."""
+    from harness.oracles.view import PassView
+    from harness.sut.base import CacheTraits, PassResult, SpecTraits, Traits
+
+    wide = {cls.__name__: len(fields(cls)) for cls in (PassView, Traits, SpecTraits, CacheTraits, PassResult)
+            if len(fields(cls)) > MAX_VIEW_FIELDS}
+    assert not wide, wide

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli.main import main
-from harness.matrix.levels import engine_levels
-from harness.run.probes import locate, one_factor_changes
+from harness.sut.reference import LEVELS
+from harness.run.locate import locate, one_factor_changes
 from harness.matrix.model import Cell, generate
 from harness.matrix.file import load_matrix
 from reference_impl.faults import FAULTS, Fault
@@ -47,7 +47,7 @@ def trigger_in(fault: Fault, levels: Mapping[str, tuple]) -> dict[str, tuple]:
 
 def simulated(fault: Fault, cell: Cell) -> dict:
     """The row a run with ``fault`` injected writes, as the fault's registry entry says it must."""
-    hit = fault.triggered_by(engine_levels(cell.as_dict()))
+    hit = fault.triggered_by(LEVELS.full(cell.as_dict()))
     if fault.oracle == "error":
         return {"cell_id": cell.cell_id, "factors": cell.as_dict(), "status": "error" if hit else "pass", "oracles": {},
                 "error": "Traceback (most recent call last):\nIndexError: list index out of range" if hit else None}
@@ -59,8 +59,8 @@ def simulated(fault: Fault, cell: Cell) -> dict:
 def all_triggers(tmp_path_factory: pytest.TempPathFactory):
     path = tmp_path_factory.mktemp("locate") / "all_triggers.toml"
     path.write_text(ALL_TRIGGERS)
-    spec = load_matrix(str(path))
-    return spec, generate(spec)
+    matrix = load_matrix(str(path))
+    return matrix, generate(matrix)
 
 
 #: value factors whose other level cannot be an integer (a probability below 1)
@@ -106,23 +106,23 @@ def test_locate_names_the_trigger_of_every_registered_fault(name: str, matrix: s
     """
     fault = FAULTS[name]
     made = fault_matrix(fault, tmp_path) if matrix == "around_trigger" else three_wise(MATRIX_OF[name], fault, tmp_path)
-    spec = load_matrix(str(made))
-    rows = [simulated(fault, cell) for cell in generate(spec)]
+    matrix = load_matrix(str(made))
+    rows = [simulated(fault, cell) for cell in generate(matrix)]
     assert any(r["status"] != "pass" for r in rows), "the 3-wise array has no trigger cell"
-    result = locate(spec, rows, lambda cell: simulated(fault, cell))
+    result = locate(matrix, rows, lambda cell: simulated(fault, cell))
     (cls,) = result.classes
     assert cls.pinned, [f.combination.text() for f in cls.findings]
     (finding,) = cls.findings
-    assert finding.combination.as_dict() == trigger_in(fault, dict(spec.factors)), finding.combination.text()
-    k = sum(len(levels) > 1 for _, levels in spec.factors)
+    assert finding.combination.as_dict() == trigger_in(fault, dict(matrix.factors)), finding.combination.text()
+    k = sum(len(levels) > 1 for _, levels in matrix.factors)
     probed = {p["probe"]["of"] for p in result.probes}
     assert len(result.probes) <= k * len(probed)
 
 
 def test_one_factor_changes_go_to_golden_and_respect_constraints(all_triggers) -> None:
-    spec, cells = all_triggers
+    matrix, cells = all_triggers
     cell = next(c for c in cells if c.level("cache") == "host" and c.level("spec") == "draft")
-    changes = dict(one_factor_changes(spec, cell))
+    changes = dict(one_factor_changes(matrix, cell))
     assert changes["cache"].level("cache") == "off" and changes["spec"].level("spec") == "none"
     assert "page_size" not in changes and len(changes) == 8
 

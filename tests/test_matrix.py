@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from harness.matrix import file as matrix_file, levels, model as matrix
-from harness.matrix.model import Cell, MatrixError, MatrixSpec
+from harness.matrix import file as matrix_file, model as matrix_model
+from harness.sut.reference import LEVELS as REFERENCE
+from harness.matrix.model import Cell, MatrixError, Matrix
 
 VALID = """\
 [matrix]
@@ -53,49 +54,49 @@ def write(tmp_path: Path, text: str, name: str = "smoke") -> Path:
     return path
 
 
-def load(tmp_path: Path, text: str = VALID, mode: str | None = None) -> MatrixSpec:
+def load(tmp_path: Path, text: str = VALID, mode: str | None = None) -> Matrix:
     """Load ``text`` as matrices/smoke.toml, optionally switched to another mode."""
-    spec = matrix_file.load_matrix(str(write(tmp_path, text)), known_workloads=WORKLOADS)
-    return spec if mode is None else dataclasses.replace(spec, mode=mode, strength=None)
+    matrix = matrix_file.load_matrix(str(write(tmp_path, text)), known_workloads=WORKLOADS)
+    return matrix if mode is None else dataclasses.replace(matrix, mode=mode, strength=None)
 
 
-def every_row(spec: MatrixSpec) -> list[dict[str, object]]:
-    """The full product of the spec's levels, as rows, independently of ``generate``."""
-    names = [factor for factor, _ in spec.factors]
-    return [dict(zip(names, levels)) for levels in itertools.product(*(lv for _, lv in spec.factors))]
+def every_row(matrix: Matrix) -> list[dict[str, object]]:
+    """The full product of the matrix's levels, as rows, independently of ``generate``."""
+    names = [factor for factor, _ in matrix.factors]
+    return [dict(zip(names, levels)) for levels in itertools.product(*(lv for _, lv in matrix.factors))]
 
 
 def test_valid_file_loads(tmp_path: Path) -> None:
-    spec = load(tmp_path)
-    assert (spec.name, spec.mode, spec.strength, spec.timeout_s) == ("smoke", "t-wise", 2, 300.0)
-    assert spec.description == "a small matrix"
-    assert spec.workloads == ("system_prompt", "multi_turn")
-    assert spec.factors == (("model", ("dense", "hybrid")), ("cache", ("off", "device")),
+    matrix = load(tmp_path)
+    assert (matrix.name, matrix.mode, matrix.strength, matrix.timeout_s) == ("smoke", "t-wise", 2, 300.0)
+    assert matrix.description == "a small matrix"
+    assert matrix.workloads == ("system_prompt", "multi_turn")
+    assert matrix.factors == (("model", ("dense", "hybrid")), ("cache", ("off", "device")),
                             ("scheduler", ("fcfs", "priority")), ("page_size", (1, 16)))
-    assert [dict(c.forbid) for c in spec.constraints] == [{"cache": ("off",), "scheduler": ("priority",)}]
-    assert dict(spec.golden) == {**levels.DEFAULT_GOLDEN, "scheduler": "fcfs"}
+    assert [dict(c.forbid) for c in matrix.constraints] == [{"cache": ("off",), "scheduler": ("priority",)}]
+    assert dict(matrix.golden) == {**REFERENCE.golden, "scheduler": "fcfs"}
 
 
 def test_defaults(tmp_path: Path) -> None:
     text = '[matrix]\nname = "smoke"\nmode = "full"\n[factors]\nmodel = ["dense"]\n'
-    spec = load(tmp_path, text)
-    assert (spec.description, spec.strength, spec.workloads, spec.timeout_s) == ("", None, (), 600.0)
-    assert spec.constraints == () and dict(spec.golden) == dict(levels.DEFAULT_GOLDEN)
+    matrix = load(tmp_path, text)
+    assert (matrix.description, matrix.strength, matrix.workloads, matrix.timeout_s) == ("", None, (), 600.0)
+    assert matrix.constraints == () and dict(matrix.golden) == dict(REFERENCE.golden)
 
 
 def test_search_moves_reach_the_covering_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``[matrix] search_moves`` is the generator's move budget; without it the default."""
-    assert load(tmp_path).search_moves == matrix.covering.DEFAULT_MOVES
-    spec = load(tmp_path, VALID.replace("strength = 2", "strength = 2\nsearch_moves = 1234"))
+    assert load(tmp_path).search_moves == matrix_model.covering.DEFAULT_MOVES
+    matrix = load(tmp_path, VALID.replace("strength = 2", "strength = 2\nsearch_moves = 1234"))
     seen: list[int] = []
-    real = matrix.covering.solve
+    real = matrix_model.covering.solve
 
-    def spy(*args: object, moves: int, **kwargs: object) -> matrix.covering.Covering:
+    def spy(*args: object, moves: int, **kwargs: object) -> matrix_model.covering.Covering:
         seen.append(moves)
         return real(*args, moves=moves, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(matrix.covering, "solve", spy)
-    assert matrix.generate(spec) and seen == [1234]
+    monkeypatch.setattr(matrix_model.covering, "solve", spy)
+    assert matrix_model.generate(matrix) and seen == [1234]
 
 
 def test_resolve_by_name_and_by_path(tmp_path: Path) -> None:
@@ -114,49 +115,49 @@ def test_missing_matrix_lists_the_available_ones(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["full", "t-wise", "ofat"])
 def test_generated_cells_are_allowed_distinct_and_deterministic(tmp_path: Path, mode: str) -> None:
-    spec = load(tmp_path) if mode == "t-wise" else load(tmp_path, mode=mode)
-    cells = matrix.generate(spec)
+    matrix = load(tmp_path) if mode == "t-wise" else load(tmp_path, mode=mode)
+    cells = matrix_model.generate(matrix)
     assert cells, "a matrix with allowed rows has cells"
     forbidden = [c.cell_id for c in cells if c.level("cache") == "off" and c.level("scheduler") == "priority"]
     assert not forbidden
     assert len({c.cell_id for c in cells}) == len(cells) == len(set(cells))
-    again = matrix.generate(load(tmp_path) if mode == "t-wise" else load(tmp_path, mode=mode))
+    again = matrix_model.generate(load(tmp_path) if mode == "t-wise" else load(tmp_path, mode=mode))
     assert [c.cell_id for c in again] == [c.cell_id for c in cells]
 
 
 def test_full_is_the_product_minus_forbidden_in_file_order(tmp_path: Path) -> None:
-    spec = load(tmp_path, mode="full")
-    expected = [row for row in every_row(spec)
+    matrix = load(tmp_path, mode="full")
+    expected = [row for row in every_row(matrix)
                 if not (row["cache"] == "off" and row["scheduler"] == "priority")]
-    assert [c.as_dict() for c in matrix.generate(spec)] == expected
+    assert [c.as_dict() for c in matrix_model.generate(matrix)] == expected
     assert len(expected) == 12
 
 
 def test_t_wise_covers_every_allowed_pair(tmp_path: Path) -> None:
-    spec = load(tmp_path)
-    cells = matrix.generate(spec)
-    allowed = [row for row in every_row(spec) if spec.allows(row)]
+    matrix = load(tmp_path)
+    cells = matrix_model.generate(matrix)
+    allowed = [row for row in every_row(matrix) if matrix.allows(row)]
     needed = {(a, row[a], b, row[b]) for row in allowed for a, b in itertools.combinations(row, 2)}
     seen = {(a, c.level(a), b, c.level(b)) for c in cells for a, b in itertools.combinations(c.as_dict(), 2)}
     assert needed <= seen
-    assert matrix.lower_bound(spec, 2) == 4
+    assert matrix_model.lower_bound(matrix, 2) == 4
     four_suffice = any(needed <= {(a, r[a], b, r[b]) for r in rows for a, b in itertools.combinations(r, 2)}
                        for rows in itertools.combinations(allowed, 4))
     assert not four_suffice and len(cells) == 5, "the constraint makes 5 the minimum"
-    report = matrix.coverage(spec, cells, 2)
+    report = matrix_model.coverage(matrix, cells, 2)
     assert (report.ok, report.required, report.covered) == (True, len(needed), len(needed))
 
 
 def test_coverage_reports_what_a_dropped_cell_held(tmp_path: Path) -> None:
-    spec = load(tmp_path)
-    cells = matrix.generate(spec)
-    report = matrix.coverage(spec, cells[1:], 2)
+    matrix = load(tmp_path)
+    cells = matrix_model.generate(matrix)
+    report = matrix_model.coverage(matrix, cells[1:], 2)
     assert not report.ok and report.covered == report.required - len(report.missing)
     assert all(cells[0].level(f) == level for ttuple in report.missing for f, level in ttuple)
 
 
 def test_ofat_varies_one_factor_from_the_golden_cell(tmp_path: Path) -> None:
-    cells = matrix.generate(load(tmp_path, mode="ofat"))
+    cells = matrix_model.generate(load(tmp_path, mode="ofat"))
     assert [c.cell_id for c in cells] == [
         "/model:dense/cache:off/scheduler:fcfs/page_size:1/",
         "/model:hybrid/cache:off/scheduler:fcfs/page_size:1/",
@@ -167,11 +168,11 @@ def test_ofat_varies_one_factor_from_the_golden_cell(tmp_path: Path) -> None:
 
 
 def test_with_strength_turns_any_matrix_t_wise(tmp_path: Path) -> None:
-    spec = load(tmp_path, mode="full").with_strength(3)
-    assert (spec.mode, spec.strength) == ("t-wise", 3)
-    assert matrix.coverage(spec, matrix.generate(spec), 3).ok
+    matrix = load(tmp_path, mode="full").with_strength(3)
+    assert (matrix.mode, matrix.strength) == ("t-wise", 3)
+    assert matrix_model.coverage(matrix, matrix_model.generate(matrix), 3).ok
     with pytest.raises(MatrixError, match=r"smoke\.toml: --strength: 5 is out of range 1\.\.4"):
-        spec.with_strength(5)
+        matrix.with_strength(5)
 
 
 def test_cell_id_is_readable_and_selectable_with_k() -> None:
@@ -203,44 +204,44 @@ def test_a_delimited_pair_in_k_selects_exactly_its_level(expression: str, expect
 
 
 def test_golden_of_replaces_only_factors_with_a_golden_level(tmp_path: Path) -> None:
-    spec = load(tmp_path)
+    matrix = load(tmp_path)
     cell = Cell((("model", "hybrid"), ("cache", "device"), ("scheduler", "priority"), ("page_size", 16)))
-    assert spec.golden_of(cell) == Cell(
+    assert matrix.golden_of(cell) == Cell(
         (("model", "hybrid"), ("cache", "off"), ("scheduler", "fcfs"), ("page_size", 1)))
-    assert spec.golden["pool"] == "static" and spec.golden["backend"] == "torch"
+    assert matrix.golden["pool"] == "static" and matrix.golden["backend"] == "torch"
 
 
 def test_golden_table_overrides_the_default(tmp_path: Path) -> None:
-    spec = load(tmp_path, VALID.replace('scheduler = "fcfs"\n', 'cache = "device"\npage_size = 16\n'))
-    assert spec.golden_cell().cell_id == "/model:dense/cache:device/scheduler:fcfs/page_size:16/"
-    assert matrix.generate(dataclasses.replace(spec, mode="ofat", strength=None))[0] == spec.golden_cell()
+    matrix = load(tmp_path, VALID.replace('scheduler = "fcfs"\n', 'cache = "device"\npage_size = 16\n'))
+    assert matrix.golden_cell().cell_id == "/model:dense/cache:device/scheduler:fcfs/page_size:16/"
+    assert matrix_model.generate(dataclasses.replace(matrix, mode="ofat", strength=None))[0] == matrix.golden_cell()
 
 
 def test_stronger_group_is_covered_at_its_strength(tmp_path: Path) -> None:
     """Every allowed triple of cache × scheduler × page_size runs, and every pair of the rest."""
-    spec = load(tmp_path, VALID + STRONGER)
-    assert spec.stronger == ((("cache", "scheduler", "page_size"), 3),)
-    cells = matrix.generate(spec)
-    allowed = [row for row in every_row(spec) if spec.allows(row)]
+    matrix = load(tmp_path, VALID + STRONGER)
+    assert matrix.stronger == ((("cache", "scheduler", "page_size"), 3),)
+    cells = matrix_model.generate(matrix)
+    allowed = [row for row in every_row(matrix) if matrix.allows(row)]
     group = ("cache", "scheduler", "page_size")
     assert {tuple(row[f] for f in group) for row in allowed} <= {tuple(c.level(f) for f in group) for c in cells}
-    report = matrix.coverage(spec, cells, 2)
-    assert report.ok and report.required > matrix.coverage(load(tmp_path), cells, 2).required
-    assert matrix.lower_bound(spec, 2) == 6  # the group's allowed triples: 8 minus the 2 forbidden ones
+    report = matrix_model.coverage(matrix, cells, 2)
+    assert report.ok and report.required > matrix_model.coverage(load(tmp_path), cells, 2).required
+    assert matrix_model.lower_bound(matrix, 2) == 6  # the group's allowed triples: 8 minus the 2 forbidden ones
 
 
 def test_constraint_semantics_match_allows(tmp_path: Path) -> None:
-    """The index predicate the t-wise generator uses agrees with ``MatrixSpec.allows`` on every row."""
+    """The index predicate the t-wise generator uses agrees with ``Matrix.allows`` on every row."""
     text = VALID.replace("# END", '[[constraints]]\nforbid = { model = "hybrid", page_size = [1, 16], '
                                    'cache = "device" }\nreason = "example"\n')
-    spec = load(tmp_path, text, mode="full")
-    full = matrix.generate(spec)
-    assert len(full) == sum(spec.allows(row) for row in every_row(spec)) == 16 - 4 - 4
-    assert matrix.generate(spec.with_strength(4)) == full, "at t = #factors every allowed row is needed"
+    matrix = load(tmp_path, text, mode="full")
+    full = matrix_model.generate(matrix)
+    assert len(full) == sum(matrix.allows(row) for row in every_row(matrix)) == 16 - 4 - 4
+    assert matrix_model.generate(matrix.with_strength(4)) == full, "at t = #factors every allowed row is needed"
     for t in (1, 2, 3, 4):
-        cells = matrix.generate(spec.with_strength(t))
-        assert all(spec.allows(c.as_dict()) for c in cells)
-        assert matrix.coverage(spec, cells, t).ok
+        cells = matrix_model.generate(matrix.with_strength(t))
+        assert all(matrix.allows(c.as_dict()) for c in cells)
+        assert matrix_model.coverage(matrix, cells, t).ok
 
 
 # Each case: (id, text to replace in VALID, replacement, fragments the one-line message must hold).
@@ -400,12 +401,12 @@ def test_message_path_is_relative_under_the_working_directory(
 
 def test_first_matching_workload_entry_wins_and_other_cells_run_the_default(tmp_path: Path) -> None:
     second = '[[workloads]]\nwhen = { page_size = [1, 16], model = "hybrid" }\nrun = ["high_load"]\nreason = "r"\n'
-    spec = load(tmp_path, VALID + RULE + second, mode="full")
-    runs = {cell.cell_id: spec.workloads_for(cell) for cell in matrix.generate(spec)}
+    matrix = load(tmp_path, VALID + RULE + second, mode="full")
+    runs = {cell.cell_id: matrix.workloads_for(cell) for cell in matrix_model.generate(matrix)}
     assert runs["/model:hybrid/cache:off/scheduler:fcfs/page_size:16/"] == ("multi_turn",)
     assert runs["/model:hybrid/cache:off/scheduler:fcfs/page_size:1/"] == ("high_load",)
     assert runs["/model:dense/cache:device/scheduler:fcfs/page_size:1/"] == ("system_prompt", "multi_turn")
-    assert [c.cell_id for c in matrix.generate(spec)] == [c.cell_id for c in matrix.generate(load(tmp_path, mode="full"))]
+    assert [c.cell_id for c in matrix_model.generate(matrix)] == [c.cell_id for c in matrix_model.generate(load(tmp_path, mode="full"))]
 
 
 def test_workloads_are_free_without_a_known_set(tmp_path: Path) -> None:
@@ -414,30 +415,30 @@ def test_workloads_are_free_without_a_known_set(tmp_path: Path) -> None:
 
 
 def test_coverage_and_lower_bound_check_the_strength(tmp_path: Path) -> None:
-    spec = load(tmp_path)
+    matrix = load(tmp_path)
     for bad in (0, 5):
         with pytest.raises(MatrixError, match=rf"smoke\.toml: t: {bad} is out of range"):
-            matrix.coverage(spec, [], bad)
+            matrix_model.coverage(matrix, [], bad)
         with pytest.raises(MatrixError, match=rf"smoke\.toml: t: {bad} is out of range"):
-            matrix.lower_bound(spec, bad)
+            matrix_model.lower_bound(matrix, bad)
 
 
 def test_default_golden_outside_the_levels_still_configures_the_golden_run(tmp_path: Path) -> None:
     """page_size = [16] with the default golden page_size 1: cells compare against a page_size-1 run."""
     path = tmp_path / "one.toml"
     path.write_text('[matrix]\nname = "one"\nmode = "full"\n\n[factors]\nmodel = ["dense"]\npage_size = [16]\n')
-    spec = matrix_file.load_matrix(str(path))
-    (cell,) = matrix.generate(spec)
-    assert spec.golden_cell() == cell
-    assert spec.golden_of(cell).as_dict() == {"model": "dense", "page_size": 1}
+    matrix = matrix_file.load_matrix(str(path))
+    (cell,) = matrix_model.generate(matrix)
+    assert matrix.golden_cell() == cell
+    assert matrix.golden_of(cell).as_dict() == {"model": "dense", "page_size": 1}
 
 
 def test_cost_table_parses_levels_by_name_and_prices_cells(tmp_path: Path) -> None:
-    spec = load(tmp_path, VALID.replace("# END", '[cost]\npage_size = { 16 = 3 }\ncache = { device = 2.5 }'))
-    assert {factor: dict(levels) for factor, levels in spec.cost.items()} == {"page_size": {16: 3.0},
+    matrix = load(tmp_path, VALID.replace("# END", '[cost]\npage_size = { 16 = 3 }\ncache = { device = 2.5 }'))
+    assert {factor: dict(levels) for factor, levels in matrix.cost.items()} == {"page_size": {16: 3.0},
                                                                             "cache": {"device": 2.5}}
     cell = Cell((("model", "dense"), ("cache", "device"), ("scheduler", "fcfs"), ("page_size", 16)))
-    assert spec.cost_of(cell) == 1 + 2.5 + 1 + 3
+    assert matrix.cost_of(cell) == 1 + 2.5 + 1 + 3
 
 
 def test_cost_changes_only_t_wise_cells(tmp_path: Path) -> None:
@@ -445,17 +446,17 @@ def test_cost_changes_only_t_wise_cells(tmp_path: Path) -> None:
     priced = load(tmp_path, VALID.replace("# END", '[cost]\nmodel = { hybrid = 50 }'))
     for mode in ("full", "ofat"):
         as_mode = {"mode": mode, "strength": None}
-        assert matrix.generate(dataclasses.replace(priced, **as_mode)) == matrix.generate(
+        assert matrix_model.generate(dataclasses.replace(priced, **as_mode)) == matrix_model.generate(
             dataclasses.replace(plain, **as_mode))
-    cells = matrix.generate(priced)
-    assert len(cells) == len(matrix.generate(plain)) and matrix.coverage(priced, cells, 2).ok
+    cells = matrix_model.generate(priced)
+    assert len(cells) == len(matrix_model.generate(plain)) and matrix_model.coverage(priced, cells, 2).ok
 
 
 def test_smoke_matrix_cost_keeps_triton_in_the_four_cells_pairwise_needs() -> None:
     """Triton must meet each of spec's 4 levels; without [cost] the generator puts it in 6 of the 12 cells."""
-    spec = matrix_file.load_matrix(str(Path(__file__).resolve().parents[1] / "matrices" / "smoke.toml"))
-    assert dict(spec.cost["backend"]) == {"triton": 50.0}
-    cells = matrix.generate(spec)
-    assert len(cells) == matrix.lower_bound(spec, 2) == 12
+    matrix = matrix_file.load_matrix(str(Path(__file__).resolve().parents[1] / "matrices" / "smoke.toml"))
+    assert dict(matrix.cost["backend"]) == {"triton": 50.0}
+    cells = matrix_model.generate(matrix)
+    assert len(cells) == matrix_model.lower_bound(matrix, 2) == 12
     assert sum(cell.level("backend") == "triton" for cell in cells) == 4
-    assert matrix.coverage(spec, cells, 2).ok
+    assert matrix_model.coverage(matrix, cells, 2).ok

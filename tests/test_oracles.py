@@ -7,9 +7,14 @@ import pytest
 import torch
 
 from fixtures.workloads import CachedExpectation
-from harness.run.oracles import ORACLES, TOKEN_WINDOW, PassView, judge
+from harness.oracles import judge, oracles
+from harness.oracles.tokens import TOKEN_WINDOW
+from harness.oracles.view import PassView
+from harness.sut.base import CacheTraits, PassResult, SpecTraits, Traits
 from reference_impl.engine.model_runner import NanEvent
-from reference_impl.request import RequestOutput
+from reference_impl.request import RequestOutput, RequestSpec
+
+ORACLES = oracles()
 
 
 def output(rid: str, tokens: list[int], margin: float = 1.0, cached: int = 0) -> RequestOutput:
@@ -22,16 +27,40 @@ def output(rid: str, tokens: list[int], margin: float = 1.0, cached: int = 0) ->
     return out
 
 
-def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None, **changes) -> PassView:
+def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None, *, workload: str = "w",
+         name: str = "warm", requested: dict[str, int] | None = None, prompts: dict[str, tuple[int, ...]] | None = None,
+         expected_cached: dict | None = None, nan_events: list | None = None, audit: list[str] | None = None,
+         counters: dict[str, int] | None = None, pd_ledger: dict | None = None, dtype: torch.dtype = torch.float32,
+         deterministic: bool = False, hybrid: bool = False, audited: bool = True, aborts_allowed: bool = False,
+         spec: str = "none", max_accept_length: int = 4, pass_counted: bool = False, page_size: int = 1,
+         reference: list[RequestOutput] | None = None, spec_reference: list[RequestOutput] | None = None,
+         spec_reference_counters: dict[str, int] | None = None, cross_reference: list[RequestOutput] | None = None,
+         tolerances: dict[str, float] | None = None, accept_band: tuple[float, float] | None = None) -> PassView:
+    """One pass as an oracle sees it, built from plain values: what each test changes is named, the rest is a
+    sound pass of ``outputs`` against a ``golden`` equal to it. ``reference`` is what batch invariance holds the pass
+    to: each request alone for the cold pass, the cold pass for a later one."""
     golden = golden if golden is not None else copy.deepcopy(outputs)
-    base = dict(
-        workload="w", name="warm", outputs=outputs, golden=golden,
-        requested={o.rid: len(o.tokens) for o in golden},
-        expected_cached={o.rid: CachedExpectation(o.cached_tokens, o.cached_tokens, 1) for o in golden},
-        nan_events=[], audit=[], dtype=torch.float32,
-    )
-    base.update(changes)
-    return PassView(**base)
+    requested = requested if requested is not None else {o.rid: len(o.tokens) for o in golden}
+    prompts = prompts or {}
+    references = {"golden": PassResult(outputs=golden)}
+    if reference is not None:
+        references["solo" if name == "cold" else "cold"] = PassResult(outputs=reference)
+    if spec_reference is not None:
+        references["spec_golden"] = PassResult(outputs=spec_reference, counters=spec_reference_counters or {})
+    if cross_reference is not None:
+        references["cross_engine"] = PassResult(outputs=cross_reference)
+    traits = Traits(dtype=dtype, model="m", hybrid=hybrid, deterministic=deterministic,
+                    spec=SpecTraits(method=spec, k=max_accept_length - 1, pass_counted=pass_counted),
+                    cache=CacheTraits(enabled=True, page_size=page_size, chunk_size=page_size, state_interval=page_size),
+                    aborts_allowed=aborts_allowed, audited=audited)
+    got = PassResult(outputs=outputs, nan_events=nan_events or [], audit=audit or [], counters=counters or {},
+                     pd=pd_ledger)
+    return PassView(
+        workload=workload, name=name, got=got, traits=traits, references=references,
+        requests=tuple(RequestSpec(rid, prompts.get(rid, ()), n) for rid, n in requested.items()),
+        expected_cached=expected_cached if expected_cached is not None else
+        {o.rid: CachedExpectation(o.cached_tokens, o.cached_tokens, 1) for o in golden},
+        tolerances=tolerances or {}, accept_band=accept_band)
 
 
 def baseline() -> list[RequestOutput]:
@@ -48,7 +77,7 @@ LEDGER = {"attempts": [{"rid": "a", "attempt": 0, "prompt_tokens": 12, "decode_h
 
 
 def test_every_oracle_passes_on_identical_results() -> None:
-    verdicts = judge([view(baseline(), deterministic=True, reference=baseline(), reference_name="solo",
+    verdicts = judge([view(baseline(), deterministic=True, reference=baseline(),
                            spec_reference=baseline(), max_accept_length=4, page_size=4, pd_ledger=LEDGER,
                            prompts={"a": tuple(range(12)), "b": (1, 2, 3, 4)}, name="cold",
                            cross_reference=baseline())])
@@ -62,9 +91,9 @@ def test_batch_invariance_is_skipped_when_deterministic_mode_is_off() -> None:
 def test_batch_invariance_fails_on_one_bit() -> None:
     outs = baseline()
     outs[1].logprobs[3] = float.fromhex(outs[1].logprobs[3].hex()) + 2**-40  # one ulp-scale change
-    v = ORACLES["batch_invariance"]([view(outs, deterministic=True, reference=baseline(), reference_name="solo")])
+    v = ORACLES["batch_invariance"]([view(outs, name="cold", deterministic=True, reference=baseline())])
     assert v.status == "fail"
-    assert v.detail[0] | {"got": None} == {"workload": "w", "pass": "warm", "against": "solo", "request": "b",
+    assert v.detail[0] | {"got": None} == {"workload": "w", "pass": "cold", "against": "solo", "request": "b",
                                             "step": 3, "what": "logprob", "expected": -0.5, "got": None}
 
 
@@ -184,8 +213,8 @@ def test_accept_length_tolerates_a_small_drop_and_fails_above_the_maximum() -> N
 
 def test_accept_length_ignores_a_request_that_is_missing() -> None:
     views = accept_views(cold=[2], warm=[2], golden=[2])
-    views[1].spec_reference[0].accepted = [0]  # the reference's request "a" accepts nothing...
-    views[1].outputs = views[1].outputs[1:]    # ...and the cell lost "a": completeness's finding
+    views[1].reference("spec_golden")[0].accepted = [0]  # the reference's request "a" accepts nothing...
+    views[1].got.outputs = views[1].outputs[1:]          # ...and the cell lost "a": completeness's finding
     assert ORACLES["accept_length"](views).status == "pass"
 
 
@@ -227,7 +256,8 @@ def test_batch_invariance_compares_every_field_against_both_references(what: str
     else:
         field = {"token": "tokens", "logprob": "logprobs", "margin": "margins"}[what]
         getattr(outs[0], field)[1] += 1 if what == "token" else 2**-30
-    v = ORACLES["batch_invariance"]([view(outs, deterministic=True, reference=baseline(), reference_name=against)])
+    name = "cold" if against == "solo" else "warm"
+    v = ORACLES["batch_invariance"]([view(outs, name=name, deterministic=True, reference=baseline())])
     assert v.status == "fail" and (v.detail[0]["what"], v.detail[0]["against"], v.detail[0]["step"]) == (what, against, 1)
 
 

@@ -13,7 +13,7 @@ from harness.run import parallel
 from harness.cli.main import main
 from harness.matrix.model import generate
 from harness.matrix.file import load_matrix
-from harness.run.runner import plan_cell
+from harness.run.plan import plan_cell
 from tests.components import GATE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,8 +78,8 @@ def test_side_by_side_writes_what_a_serial_run_writes(tmp_path: Path, capsys) ->
     assert rows(tmp_path / "1") == rows(tmp_path / "2")
     assert summary(tmp_path / "1") == summary(tmp_path / "2")
     assert summary(tmp_path / "2")["counts"] == {"pass": 6, "fail": 2, "error": 0, "xfail": 0, "xpass": 0, "skip": 0}
-    spec = load_matrix(str(path))
-    keys = [k for cell in generate(spec) for k in plan_cell(spec, cell, frozenset()).golden_keys()]
+    matrix = load_matrix(str(path))
+    keys = [k for cell in generate(matrix) for k in plan_cell(matrix, cell, frozenset()).golden_keys()]
     golden = [line.split("; ", 1)[1] for line in (outs["1"][0], outs["2"][0])]
     assert golden[0] == golden[1] == f"golden runs {len(set(keys))} computed, {len(keys) - len(set(keys))} reused"
     assert {r["cell_id"]: r["metrics"]["workloads"] for r in rows(tmp_path / "2")}[

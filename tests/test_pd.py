@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from fixtures.workloads import load_workload
-from harness.sut.reference import build_engine_config
+from harness.sut.reference.engine import build_engine_config
 from harness.matrix.model import generate
 from harness.matrix.file import load_matrix
-from harness.run.runner import GoldenRuns, run_cell
+from harness.run.golden import GoldenRuns
+from harness.run.cell import run_cell
 from reference_impl import registry
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine

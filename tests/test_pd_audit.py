@@ -7,11 +7,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.run.oracles import ORACLES, PassView
+from harness.oracles import oracles
+from harness.oracles.view import PassView
 from reference_impl.pd import decode as decode_module
 from reference_impl.pd.disagg import DisaggEngine
 from reference_impl.pd.transport import InprocTransport
+from tests.test_oracles import view
 from tests.test_pd import pd_setup
+
+ORACLES = oracles()
 
 
 def served(workload: str = "system_prompt", faults: frozenset[str] = frozenset(), **levels: object) -> list[PassView]:
@@ -21,10 +25,9 @@ def served(workload: str = "system_prompt", faults: frozenset[str] = frozenset()
     views = []
     for name in ("cold", "warm"):
         outputs = pd.generate(specs)
-        views.append(PassView(workload=workload, name=name, outputs=outputs, golden=outputs, requested={},
-                              expected_cached={}, nan_events=[], audit=[], dtype=torch.float32,
-                              prompts={s.rid: s.prompt for s in specs}, page_size=config.page_size,
-                              pd_ledger=pd.take_ledger().to_json()))
+        views.append(view(outputs, outputs, workload=workload, name=name, expected_cached={},
+                          requested={s.rid: s.max_new_tokens for s in specs}, prompts={s.rid: s.prompt for s in specs},
+                          page_size=config.page_size, pd_ledger=pd.take_ledger().to_json()))
     return views
 
 
@@ -42,21 +45,20 @@ def staged() -> list[PassView]:
 def test_a_sound_pd_run_accounts_exactly(staged: list[PassView]) -> None:
     verdict = ORACLES["pd_audit"](staged)
     assert verdict.status == "pass", verdict
-    warm = staged[1].pd_ledger
+    warm = staged[1].got.pd
     assert sum(a["decode_hit_pages"] for a in warm["attempts"]) > 0, "the warm pass must hit the decode side"
     assert warm["decode"]["staging_reserved"] == len(warm["attempts"]) > 0
 
 
 def test_without_pd_it_skips() -> None:
-    view = copy.copy(served()[0])
-    view.pd_ledger = None
-    assert ORACLES["pd_audit"]([view]).status == "skip"
+    first = served()[0]
+    assert ORACLES["pd_audit"]([replace(first, got=replace(first.got, pd=None))]).status == "skip"
 
 
 def broken(views: list[PassView], change: object) -> list[PassView]:
     """A deep copy of ``views`` with ``change(ledger, outputs)`` applied to the warm pass."""
     views = copy.deepcopy(views)
-    change(views[1].pd_ledger, views[1].outputs)
+    change(views[1].got.pd, views[1].outputs)
     return views
 
 

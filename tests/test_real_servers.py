@@ -12,9 +12,10 @@ import pytest
 
 from fixtures.workloads import load_workload
 from harness.matrix.file import load_matrix
-from harness.matrix.levels import CROSS_MODELS, REFERENCE
-from harness.run.runner import run_workload
-from harness.sut import server, vllm
+from harness.run.serve import run_workload
+from harness.sut import process, vllm
+from harness.sut.openai import launch
+from harness.sut.reference import serving_made_model
 from tests.binaries import required_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,13 +29,13 @@ def needs_vllm() -> None:
 
 
 def needs_llama_server() -> None:
-    required_path(server.llama_server_path(), "llama-server")
+    required_path(launch.llama_server_path(), "llama-server")
 
 
 def running_servers(report: Path) -> list[str]:
     """Command lines of the live (not zombie) server processes a run into ``report`` started: their environment
     holds the run's log directory (``harness run`` sets it), which tells them from any other run's."""
-    marker = f"{server.LOGS_ENV}={report.resolve()}".encode()
+    marker = f"{process.LOGS_ENV}={report.resolve()}".encode()
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
@@ -42,7 +43,7 @@ def running_servers(report: Path) -> list[str]:
             environ = (proc / "environ").read_bytes()
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-        if marker in environ and any(name in cmdline for name in SERVER_COMMANDS) and server.is_live(int(proc.name)):
+        if marker in environ and any(name in cmdline for name in SERVER_COMMANDS) and process.is_live(int(proc.name)):
             found.append(cmdline)
     return found
 
@@ -78,9 +79,9 @@ def test_the_llamacpp_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
 
 def golden_tokens(matrix: str, workload: str) -> dict[str, list[int]]:
     """The golden cell of ``matrix`` (fp32, flash attention off) on ``workload``: request → greedy tokens."""
-    spec = load_matrix(str(ROOT / "matrices" / f"{matrix}.toml"))
-    run = run_workload(dict(spec.golden), load_workload(workload), frozenset(), engine=spec.engine,
-                       engine_args=dict(spec.engine_args))
+    matrix = load_matrix(str(ROOT / "matrices" / f"{matrix}.toml"))
+    run = run_workload(dict(matrix.golden), load_workload(workload), frozenset(), engine=matrix.engine,
+                       engine_args=dict(matrix.engine_args))
     return {o.rid: o.tokens for o in run.passes["cold"].outputs}
 
 
@@ -91,7 +92,7 @@ def test_the_reference_vllm_and_llama_cpp_agree_on_the_exported_dense_model() ->
     needs_llama_server()
     workloads = ("system_prompt", "repeated_phrases")
     for workload in workloads:
-        reference = run_workload({**REFERENCE.golden, "model": CROSS_MODELS["dense"]}, load_workload(workload),
+        reference = run_workload(serving_made_model({"model": "dense"})[1], load_workload(workload),
                                  frozenset())
         want = {o.rid: o.tokens for o in reference.passes["cold"].outputs}
         assert golden_tokens("vllm_server_smoke", workload) == want

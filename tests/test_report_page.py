@@ -9,7 +9,7 @@ import pytest
 
 from reports import evidence
 from reports.html import index_page
-from harness.results.culprits import analyze
+from harness.results.locate import analyze
 from harness.results.reader import summarize
 from tests import report_rows
 

@@ -6,7 +6,6 @@ an ``error`` row naming what happened, within the cell's timeout, with no proces
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -16,10 +15,11 @@ import pytest
 
 from harness.matrix.file import load_matrix
 from harness.matrix.model import MatrixError, generate
-from harness.run.runner import GoldenRuns, run_cell
-from harness.sut.server import (
-    Launch, ServerError, field_at, is_live, llamacpp_parse, metric_sums, openai_parse, request_output,
-)
+from harness.run.golden import GoldenRuns
+from harness.run.cell import run_cell
+from harness.sut.openai.launch import Launch
+from harness.sut.openai.wire import ServerError, field_at, llamacpp_parse, metric_sums, openai_parse, request_output
+from harness.sut.process import is_live
 from reference_impl.request import RequestSpec
 
 FAKE = Path(__file__).with_name("servers") / "fake_server.py"
@@ -64,10 +64,10 @@ def write_matrix(tmp_path: Path, mode: str = "ok", *, timeout: float = 60, start
 
 
 def run_one(tmp_path: Path, mode: str, **kwargs) -> tuple[object, float]:
-    spec = load_matrix(str(write_matrix(tmp_path, mode, **kwargs)))
-    (cell,) = generate(spec)
+    matrix = load_matrix(str(write_matrix(tmp_path, mode, **kwargs)))
+    (cell,) = generate(matrix)
     began = time.perf_counter()
-    row = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns())
+    row = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
     return row, time.perf_counter() - began
 
 
@@ -129,12 +129,12 @@ def test_ctrl_c_mid_pass_leaves_no_server(tmp_path: Path) -> None:
     import signal
     import threading
 
-    spec = load_matrix(str(write_matrix(tmp_path, "hang:1")))
-    (cell,) = generate(spec)
+    matrix = load_matrix(str(write_matrix(tmp_path, "hang:1")))
+    (cell,) = generate(matrix)
     timer = threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     with pytest.raises(KeyboardInterrupt):
-        run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns())
+        run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
     timer.cancel()
     assert alive(tmp_path) == []
 
@@ -144,9 +144,9 @@ def test_the_launch_renders_levels_placeholders_and_literal_braces(tmp_path: Pat
 [server.levels.model]
 flags = ['--cfg={{"n": {num_draft_tokens}, "slots": {slots}}}']
 """
-    spec = load_matrix(str(write_matrix(tmp_path, extra=extra)))
-    (cell,) = generate(spec)
-    launch = Launch(spec.engine_args, {"num_draft_tokens": 3, **cell.as_dict()}, 8123)
+    matrix = load_matrix(str(write_matrix(tmp_path, extra=extra)))
+    (cell,) = generate(matrix)
+    launch = Launch(matrix.engine_args, {"num_draft_tokens": 3, **cell.as_dict()}, 8123)
     assert launch.argv[2:4] == ["8123", "ok"]
     assert launch.argv[5] == str(tmp_path / "model")
     assert launch.argv[-2:] == ['--cfg={"n": 3, "slots": 1}', "--slots=1"]  # level entries in factor order
@@ -230,7 +230,7 @@ def test_a_llamacpp_response_becomes_the_oracles_output() -> None:
 
 
 def test_a_server_program_that_is_not_here_is_refused_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.sut import check_runnable
+    from harness.run.session import check_runnable
 
     path = write_matrix(tmp_path)
     check_runnable(load_matrix(str(path)), "cpu")

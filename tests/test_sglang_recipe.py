@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from harness.matrix.file import load_matrix
-from harness.matrix.levels import OPENAI
+from harness.sut.openai import LEVELS as OPENAI
 from harness.matrix.model import generate
-from harness.run.oracles import pass_accept_length
-from harness.sut.server import Launch, ServerError, metric_sums, pass_counters, request_output, sglang_body
+from harness.oracles.accept_length import pass_accept_length
+from harness.sut.openai.launch import Launch
+from harness.sut.openai.wire import ServerError, metric_sums, pass_counters, request_output, sglang_body
 from reference_impl.request import RequestSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +21,7 @@ RECORDED = Path(__file__).with_name("data") / "servers" / "sglang"
 
 
 @pytest.fixture(scope="module")
-def spec():
+def matrix():
     return load_matrix(str(ROOT / "matrices" / "sglang.toml"))
 
 
@@ -39,11 +40,11 @@ def test_the_request_body_is_the_documented_one() -> None:
     assert {k: v for k, v in body.items()} == {k: v for k, v in want.items() if k != "stream"}
 
 
-def test_a_cell_renders_to_sglang_flags(spec, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cell_renders_to_sglang_flags(matrix, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVMATRIX_SGLANG_PYTHON", "/opt/sglang/bin/python")
-    cell = next(c for c in generate(spec) if c.level("spec") == "eagle" and c.level("cache") == "host")
+    cell = next(c for c in generate(matrix) if c.level("spec") == "eagle" and c.level("cache") == "host")
     levels = OPENAI.full(cell.as_dict())
-    argv = Launch(spec.engine_args, levels, 30001).argv
+    argv = Launch(matrix.engine_args, levels, 30001).argv
     text = " ".join(argv)
     assert argv[:3] == ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
     assert "--port 30001" in text and "--skip-tokenizer-init" in text and "--enable-metrics" in text
@@ -54,35 +55,35 @@ def test_a_cell_renders_to_sglang_flags(spec, monkeypatch: pytest.MonkeyPatch) -
     assert ("--enable-deterministic-inference" in text) == (levels["deterministic"] == "on")
 
 
-def test_what_sglang_overrides_silently_stays_in_the_matrix_declared(spec) -> None:
+def test_what_sglang_overrides_silently_stays_in_the_matrix_declared(matrix) -> None:
     """Deterministic inference on flashinfer turns the radix cache off: those cells run, each declared to fail
     cached_tokens; no constraint takes them out."""
-    overridden = [c for c in generate(spec) if c.level("deterministic") == "on"
+    overridden = [c for c in generate(matrix) if c.level("deterministic") == "on"
                   and c.level("attention_backend") == "flashinfer" and c.level("cache") != "off"]
-    assert overridden and not spec.constraints
-    assert all("cached_tokens" in spec.expected_for(cell)["fails"] for cell in overridden)
+    assert overridden and not matrix.constraints
+    assert all("cached_tokens" in matrix.expected_for(cell)["fails"] for cell in overridden)
 
 
-def test_a_greedy_response_reads_back(spec) -> None:
+def test_a_greedy_response_reads_back(matrix) -> None:
     doc = recorded("generate_greedy.json")
-    out, counters = request_output(spec.engine_args, request(), doc, counted=False)
+    out, counters = request_output(matrix.engine_args, request(), doc, counted=False)
     assert out.tokens == doc["output_ids"] and len(out.logprobs) == 4 and out.cached_tokens == 0
     assert [ids[0] for ids in out.top_ids] == out.tokens and all(m > 0 for m in out.margins)
     assert out.finish_reason == "length" and counters == {}
 
 
-def test_a_cached_speculative_response_gives_sglangs_accept_length(spec) -> None:
+def test_a_cached_speculative_response_gives_sglangs_accept_length(matrix) -> None:
     doc = recorded("generate_cached_spec.json")
-    out, counters = request_output(spec.engine_args, request(), doc)
+    out, counters = request_output(matrix.engine_args, request(), doc)
     assert out.cached_tokens == 4 and counters == {"verify_steps": 2}
     settled = pass_counters(counters, [out])
     assert settled == {"drafts": 2, "accepted_tokens": 2}
     assert pass_accept_length(settled) == doc["meta_info"]["spec_accept_length"]
 
 
-def test_a_response_without_its_logprobs_is_an_error_naming_the_field(spec) -> None:
+def test_a_response_without_its_logprobs_is_an_error_naming_the_field(matrix) -> None:
     with pytest.raises(ServerError, match=r"no field 'meta_info.output_token_logprobs'"):
-        request_output(spec.engine_args, request(), recorded("generate_malformed_missing_logprobs.json"), counted=False)
+        request_output(matrix.engine_args, request(), recorded("generate_malformed_missing_logprobs.json"), counted=False)
 
 
 def test_metrics_diff_per_pass() -> None:

@@ -147,14 +147,13 @@ def test_rejected_draft_pages_are_freed_at_once(make_engine) -> None:
 
 
 def test_spec_is_a_factor_whose_golden_is_none() -> None:
-    from harness.matrix.levels import DEFAULT_LEVELS
-    from harness.matrix.levels import DEFAULT_GOLDEN
-    from harness.run.runner import spec_golden_levels
+    from harness.sut.reference import LEVELS
+    from harness.run.plan import spec_golden_levels
     from reference_impl import registry
 
     assert set(registry.COMPONENTS["spec"]) == {"none", "ngram", "draft", "mtp"}
     assert registry.resolve("num_draft_tokens", 2) == 2
-    assert DEFAULT_LEVELS["spec"] == DEFAULT_GOLDEN["spec"] == "none"
+    assert LEVELS.defaults["spec"] == LEVELS.golden["spec"] == "none"
     golden = {"cache": "off", "page_size": 1}
     assert spec_golden_levels({"spec": "none", "cache": "device"}, golden) is None
     assert spec_golden_levels({"spec": "mtp", "num_draft_tokens": 2, "cache": "device"}, golden) == {
@@ -164,7 +163,8 @@ def test_spec_is_a_factor_whose_golden_is_none() -> None:
 def test_cell_metrics_report_accept_length_and_draft_state_hits(tmp_path) -> None:
     from harness.matrix.model import generate
     from harness.matrix.file import load_matrix
-    from harness.run.runner import GoldenRuns, run_cell
+    from harness.run.golden import GoldenRuns
+    from harness.run.cell import run_cell
 
     path = tmp_path / "m.toml"
     path.write_text('[matrix]\nname = "m"\nmode = "full"\nworkloads = ["system_prompt"]\n'

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from fixtures.workloads import CachedExpectation, load_workload
-from harness.run.oracles import cached_tokens_oracle
-from harness.run.runner import run_workload
+from harness.oracles.cached_tokens import judge as cached_tokens_oracle
+from harness.run.serve import run_workload
 from reference_impl.cache.radix import MatchResult
 from reference_impl.cache.tiered import HostCache, WriteBackHostCache
 from reference_impl.config import DENSE, HYBRID

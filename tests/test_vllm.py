@@ -17,11 +17,13 @@ import pytest
 
 from harness.matrix.file import load_matrix
 from harness.matrix.model import generate
-from harness.matrix.levels import VLLM
-from harness.run.runner import GoldenRuns, run_cell
-from harness.sut import vllm
+from harness.sut.vllm import LEVELS as VLLM
+from harness.run.golden import GoldenRuns
+from harness.run.cell import run_cell
+from harness.sut.vllm import engine as vllm
 from harness.sut.checkpoints import checkpoint_dir
-from harness.sut.vllm import EngineChildError, engine_arguments, request_output
+from harness.sut.vllm.engine import EngineChildError, request_output
+from harness.sut.vllm.arguments import engine_arguments
 from tests.binaries import required_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,9 +71,9 @@ cache = ["off"]
 def vllm_cell(tmp_path: Path, factors: str = "", timeout: float = 120, extra: str = ""):
     path = tmp_path / "v.toml"
     path.write_text(MATRIX.format(timeout=timeout, factors=factors) + extra)
-    spec = load_matrix(str(path))
-    (cell,) = generate(spec)
-    return spec, cell
+    matrix = load_matrix(str(path))
+    (cell,) = generate(matrix)
+    return matrix, cell
 
 
 @pytest.fixture
@@ -137,8 +139,8 @@ def test_an_answer_becomes_the_oracles_output() -> None:
 ])
 def test_a_child_that_fails_is_an_error_cell_naming_it(tmp_path: Path, fake_child, mode: str, needle: str) -> None:
     pids = fake_child(mode)
-    spec, cell = vllm_cell(tmp_path)
-    result = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns())
+    matrix, cell = vllm_cell(tmp_path)
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
     assert result.status == "error" and needle in result.error, result.error
     if mode == "die":
         assert "fake vLLM child: out of memory" in result.error  # the child's stderr tail
@@ -147,9 +149,9 @@ def test_a_child_that_fails_is_an_error_cell_naming_it(tmp_path: Path, fake_chil
 
 def test_a_hung_child_is_an_error_cell_within_the_timeout_and_is_killed(tmp_path: Path, fake_child) -> None:
     pids = fake_child("hang")
-    spec, cell = vllm_cell(tmp_path, timeout=5)
+    matrix, cell = vllm_cell(tmp_path, timeout=5)
     started = time.monotonic()
-    result = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns())
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
     assert result.status == "error" and "exceeded its timeout of 5 s" in result.error
     assert time.monotonic() - started < 5 + vllm.CLOSE_GRACE_S + 5
     assert alive(pids) == []
@@ -157,8 +159,8 @@ def test_a_hung_child_is_an_error_cell_within_the_timeout_and_is_killed(tmp_path
 
 def test_no_vllm_interpreter_is_an_error_naming_the_make_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVMATRIX_VLLM_PYTHON", str(tmp_path / "nowhere" / "python"))
-    spec, cell = vllm_cell(tmp_path)
-    result = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns())
+    matrix, cell = vllm_cell(tmp_path)
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
     assert result.status == "error" and "make vllm-env" in result.error
 
 
@@ -177,13 +179,13 @@ def goldens() -> GoldenRuns:
 @pytest.mark.vllm
 def test_fp8_kv_judged_bitwise_fails_and_passes_with_its_declared_tolerance(tmp_path: Path, goldens: GoldenRuns) -> None:
     needs_vllm()
-    spec, cell = vllm_cell(tmp_path, 'kv_cache_dtype = ["fp8"]')
-    bitwise = run_cell(spec, cell, faults=frozenset(), goldens=goldens)
+    matrix, cell = vllm_cell(tmp_path, 'kv_cache_dtype = ["fp8"]')
+    bitwise = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
     assert bitwise.status == "fail" and {"tokens", "logprobs"} & bitwise.failed(), bitwise.oracles
-    spec, cell = vllm_cell(tmp_path, 'kv_cache_dtype = ["fp8"]', extra=(
+    matrix, cell = vllm_cell(tmp_path, 'kv_cache_dtype = ["fp8"]', extra=(
         '[[tolerances]]\nwhen = { kv_cache_dtype = "fp8" }\nlogprobs = 0.5\ntie = 0.5\n'
         'reason = "fp8 KV rounds every cached key and value"\n'))
-    tolerant = run_cell(spec, cell, faults=frozenset(), goldens=goldens)
+    tolerant = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
     assert tolerant.status == "pass", {n: v.message for n, v in tolerant.oracles.items() if v.status == "fail"}
     assert tolerant.metrics["tolerances"] == {"logprobs": 0.5, "tie": 0.5}
 
@@ -194,29 +196,29 @@ def test_a_wrong_block_size_in_the_expectation_fails_cached_tokens(tmp_path: Pat
     path = tmp_path / "v.toml"
     path.write_text(MATRIX.format(timeout=300, factors="").replace('cache = ["off"]', 'cache = ["device"]\npage_size = [32]')
                     .replace('["pair"]', '["system_prompt"]'))
-    spec = load_matrix(str(path))
-    (cell,) = generate(spec)
-    right = run_cell(spec, cell, faults=frozenset(), goldens=goldens)
+    matrix = load_matrix(str(path))
+    (cell,) = generate(matrix)
+    right = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
     assert right.oracles["cached_tokens"].status == "pass", right.oracles["cached_tokens"].message
     assert right.metrics["cached_tokens_warm"] > 0
     # the engine caches 64-token blocks while the cell (and so the expectation) says 32
     path.write_text(path.read_text() + '[engine_args]\nblock_size = 64\n')
-    spec = load_matrix(str(path))
-    wrong = run_cell(spec, generate(spec)[0], faults=frozenset(), goldens=GoldenRuns())
+    matrix = load_matrix(str(path))
+    wrong = run_cell(matrix, generate(matrix)[0], faults=frozenset(), goldens=GoldenRuns())
     assert wrong.oracles["cached_tokens"].status == "fail", wrong.oracles["cached_tokens"].message
 
 
 @pytest.mark.vllm
 def test_the_self_draft_accepts_exactly_k_plus_1_and_a_one_layer_draft_fails_that(tmp_path: Path, goldens: GoldenRuns) -> None:
     needs_vllm()
-    spec, cell = vllm_cell(tmp_path, 'spec = ["self"]\nnum_draft_tokens = [3]')
-    own = run_cell(spec, cell, faults=frozenset(), goldens=goldens)
+    matrix, cell = vllm_cell(tmp_path, 'spec = ["self"]\nnum_draft_tokens = [3]')
+    own = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
     assert own.oracles["accept_length"].status == "pass" and own.metrics["mean_accept_length"] == 4.0, own.oracles
     # the same level, but the one-layer draft behind it: its accept length misses k + 1
     draft = f'{{ method = "draft_model", model = "{checkpoint_dir("draft")}", num_speculative_tokens = 3 }}'
-    spec, cell = vllm_cell(tmp_path, 'spec = ["self"]\nnum_draft_tokens = [3]',
+    matrix, cell = vllm_cell(tmp_path, 'spec = ["self"]\nnum_draft_tokens = [3]',
                            extra=f"[engine_args]\nspeculative_config = {draft}\n")
-    other = run_cell(spec, cell, faults=frozenset(), goldens=GoldenRuns())
+    other = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
     verdict = other.oracles["accept_length"]
     assert verdict.status == "fail" and any(f["against"] == "k + 1 (self-draft)" for f in verdict.detail), verdict
 
@@ -228,9 +230,9 @@ def test_the_exported_dense_model_agrees_with_the_reference_engine(tmp_path: Pat
     path = tmp_path / "v.toml"
     path.write_text(MATRIX.format(timeout=600, factors="").replace(
         '["pair"]', '["system_prompt", "multi_turn", "long_prompts", "repeated_phrases", "templated"]'))
-    spec = load_matrix(str(path))
-    (cell,) = generate(spec)
-    result = run_cell(spec, cell, faults=frozenset(), goldens=goldens)
+    matrix = load_matrix(str(path))
+    (cell,) = generate(matrix)
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
     verdict = result.oracles["cross_engine"]
     assert verdict.status == "pass" and result.status == "pass", (verdict.message, result.oracles)
     assert "golden request(s) agree" in verdict.message

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from fixtures.workloads import load_workload
-from harness.sut.reference import build_engine_config, make_engine
+from harness.sut.reference.engine import build_engine_config, make_engine
 from harness.sut import checkpoints
 from harness.sut.checkpoints import SERVED_DENSE, checkpoint_dir
 from tests.binaries import required_path

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from fixtures.spec_expect import NGRAM_MAX_N, prompt_lookup
 from fixtures.workloads import VOCAB, load_workload
-from harness.matrix.levels import DEFAULT_LEVELS
-from harness.run.runner import run_workload
+from harness.sut.reference import LEVELS
+from harness.run.serve import run_workload
 
 HIT = dict(page_size=16, state_interval=32, chunk_size=16)
 
@@ -25,7 +25,7 @@ def test_a_head_spilled_out_of_l1_and_l2_is_reloaded_from_the_store_in_a_later_r
     rounds = [rid for rid in bounds("spill_rounds") if rid.startswith("rounds-b")]
     assert all(bounds("spill_rounds", tiers=("host", "storage"))[rid] == (32, 32) for rid in rounds)
     assert all(bounds("spill_rounds", tiers=("host",))[rid] == (0, 32) for rid in rounds)
-    levels = {**DEFAULT_LEVELS, "cache": "storage", "page_size": 16}
+    levels = {**LEVELS.defaults, "cache": "storage", "page_size": 16}
     outputs = {o.rid: o for o in run_workload(levels, load_workload("spill_rounds"), frozenset(), "cpu").passes["cold"].outputs}
     assert outputs["rounds-b0"].cached_tokens == outputs["rounds-b0"].cached_storage == 32  # L1 and L2 both lost it
 
@@ -69,7 +69,7 @@ def test_a_head_demoted_under_a_full_l2_is_kept_by_l2_with_nothing_below_it() ->
     assert (again(("host",)).lo, again(("host",)).hi, again(("host",)).host) == (32, 32, 32)
     assert (again(("host", "storage")).lo, again(("host", "storage")).storage) == (32, 0)
     assert (again(()).lo, again(()).hi) == (0, 0)
-    levels = {**DEFAULT_LEVELS, "cache": "host", "page_size": 16}
+    levels = {**LEVELS.defaults, "cache": "host", "page_size": 16}
     for faults, want in ((frozenset(), 32), (frozenset({"host_demotes_as_oldest"}), 0)):
         run = run_workload(levels, load_workload("demoted_head"), faults, "cpu")
         (out,) = [o for o in run.passes["cold"].outputs if o.rid == "demoted-again"]

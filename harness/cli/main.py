@@ -10,26 +10,27 @@ import signal
 import sys
 import time
 from collections import Counter
-from contextlib import nullcontext
 from collections.abc import Sequence
 from pathlib import Path
 
 from harness.cli.progress import RunProgress
+from harness.cli.tables import add_table_commands
 from harness.cli.triage import TriageInputError, add_triage_commands
 from harness.matrix.covering import Covering
-from harness.matrix.file import load_spec
-from harness.matrix.model import Cell, MatrixError, MatrixSpec, coverage, generate, generate_certified, lower_bound
+from harness.matrix.file import named_matrix
+from harness.matrix.model import Cell, MatrixError, coverage, generate, generate_certified, lower_bound
 from harness.matrix.selection import SelectionError, parse_shard, select_cells, select_shard
-from harness.results.header import add_run_options, run_header
+from harness.results.header import add_run_options
 from harness.results.reader import load
 from harness.results.rows import FAILING, CellResult
 from harness.results.store import ResultsStore, RunInfo
 from harness.run.faultcheck import check_fault, check_fault_set
 from harness.run.parallel import default_jobs, execute
-from harness.run.runner import GoldenRuns, configure_torch, plan_cell
-from harness.sut import check_runnable
-from harness.sut.server import logs_kept_under
-from reference_impl.faults import FAULTS, UnknownFaultError, check_faults
+from harness.run.plan import plan_cell
+from harness.run.session import MatrixRun
+from harness.sut import UnknownEngineError
+from harness.sut.process import logs_kept_under
+from reference_impl.faults import FAULTS, UnknownFaultError
 from reports.html import write_report
 from reports.junit import write_junit
 
@@ -42,19 +43,19 @@ class UsageError(ValueError):
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    spec = load_spec(args.matrix, args.strength)
-    cells, certificate = generate_certified(spec)
+    matrix = named_matrix(args.matrix, args.strength)
+    cells, certificate = generate_certified(matrix)
     for cell in cells:
         print(cell.cell_id)
-    t = spec.strength if spec.mode == "t-wise" else min(2, len(spec.factors))
-    report = coverage(spec, cells, t)
-    print(f"{len(cells)} cells ({spec.mode}{f', t={spec.strength}' if spec.mode == 't-wise' else ''})")
-    print(certificate_line(len(cells), t, lower_bound(spec, t), certificate))
-    if spec.cost:
-        print(f"total cost {math.fsum(spec.cost_of(cell) for cell in cells):g} "
+    t = matrix.strength if matrix.mode == "t-wise" else min(2, len(matrix.factors))
+    report = coverage(matrix, cells, t)
+    print(f"{len(cells)} cells ({matrix.mode}{f', t={matrix.strength}' if matrix.mode == 't-wise' else ''})")
+    print(certificate_line(len(cells), t, lower_bound(matrix, t), certificate))
+    if matrix.cost:
+        print(f"total cost {math.fsum(matrix.cost_of(cell) for cell in cells):g} "
               f"([cost] per cell: sum of its levels' costs, unlisted levels 1)")
     state = "OK" if report.ok else f"MISSING {len(report.missing)}"
-    groups = "".join(f" + {s}-tuples of {', '.join(names)}" for names, s in spec.stronger)
+    groups = "".join(f" + {s}-tuples of {', '.join(names)}" for names, s in matrix.stronger)
     print(f"coverage t={t}: {report.covered}/{report.required} allowed {t}-tuples{groups} covered: {state}")
     return 0 if report.ok else 1
 
@@ -70,10 +71,10 @@ def certificate_line(cells: int, t: int, counting: int, certificate: Covering | 
     return f"{text}; {verdict}; built by {certificate.how}"
 
 
-def jobs_option(value: int | None, engine: str = "reference") -> int:
-    """``-j``: as given, else ``$KVMATRIX_JOBS``, else the cores this process may use; a real engine's cells
-    one at a time unless ``-j`` says otherwise (vLLM binds its OpenMP threads to every core)."""
-    if value is None and engine != "reference":
+def jobs_option(value: int | None, in_process: bool = True) -> int:
+    """``-j``: as given, else ``$KVMATRIX_JOBS``, else the cores this process may use; the cells of an engine out of
+    process (a real engine) one at a time unless ``-j`` says otherwise (vLLM binds its OpenMP threads to every core)."""
+    if value is None and not in_process:
         return 1
     if value is None:
         env = os.environ.get(JOBS_ENV, "")
@@ -87,19 +88,16 @@ def jobs_option(value: int | None, engine: str = "reference") -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    spec = load_spec(args.matrix, args.strength)
-    check_runnable(spec, args.device)
-    faults = check_faults(args.inject_fault)
-    jobs = jobs_option(args.jobs, spec.engine)
-    generated = generate(spec)
-    cells = select_cells(spec, generated, args.cell) if args.cell else generated
+    run = MatrixRun.open(args.matrix, strength=args.strength, device=args.device, faults=args.inject_fault)
+    matrix, faults, goldens = run.matrix, run.faults, run.goldens
+    jobs = jobs_option(args.jobs, run.in_process)
+    generated = generate(matrix)
+    cells = select_cells(matrix, generated, args.cell) if args.cell else generated
     cells = select_shard(cells, parse_shard(args.shard) if args.shard else None)
-    header = run_header(spec, args.matrix, faults, args.device, args.shard, len(cells))
-    info = RunInfo(spec.name, spec.mode, spec.strength, sorted(faults), len(cells), header=header, device=args.device)
+    header = run.header(args.matrix, args.shard, len(cells))
+    info = RunInfo(matrix.name, matrix.mode, matrix.strength, sorted(faults), len(cells), header=header, device=args.device)
     store = ResultsStore(Path(args.report_dir), info, render=write_report)
     done = store.start(args.resume, {c.cell_id for c in cells})
-    configure_torch()
-    goldens = GoldenRuns(args.device)
     started = time.perf_counter()
     interrupted = False
     with RunProgress(len(cells)) as progress:
@@ -107,9 +105,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             if cell.cell_id in done:
                 print(f"[{i}/{len(cells)}] {cell.cell_id}: kept from the previous run", flush=True)
                 progress.advance()
-        try:  # a server cell's output is kept beside its row
-            with logs_kept_under(store.dir) if spec.engine == "openai" else nullcontext():
-                _run_cells(spec, cells, done, faults, goldens, jobs, store, progress)
+        try:  # what the cells' processes print is kept beside their rows
+            with logs_kept_under(store.dir):
+                _run_cells(run, cells, done, jobs, store, progress)
         except KeyboardInterrupt:
             interrupted = True
     store.finish(order=[c.cell_id for c in cells])
@@ -128,14 +126,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if any(counts[status] for status in FAILING) else 0
 
 
-def _run_cells(spec: MatrixSpec, cells: Sequence[Cell], done: set[str], faults: frozenset[str], goldens: GoldenRuns,
-               jobs: int, store: ResultsStore, progress: RunProgress) -> None:
+def _run_cells(run: MatrixRun, cells: Sequence[Cell], done: set[str], jobs: int, store: ResultsStore,
+               progress: RunProgress) -> None:
     """Run the cells not ``done``, ``jobs`` at a time (dearest first when side by side), each row stored as it ends."""
-    plans = [plan_cell(spec, cell, faults) for cell in cells]
+    matrix = run.matrix
+    plans = [plan_cell(matrix, cell, run.faults) for cell in cells]
     todo = [i for i, cell in enumerate(cells) if cell.cell_id not in done]
     jobs = min(jobs, len(todo))
     if jobs > 1:
-        todo.sort(key=lambda i: -spec.cost_of(cells[i]))  # a stable sort: cell order among equals
+        todo.sort(key=lambda i: -matrix.cost_of(cells[i]))  # a stable sort: cell order among equals
 
     def on_step(i: int, what: str) -> None:
         progress.step(what, key=i, cell_id=cells[i].cell_id)
@@ -148,20 +147,17 @@ def _run_cells(spec: MatrixSpec, cells: Sequence[Cell], done: set[str], faults: 
         print(f"[{i + 1}/{len(cells)}] {result.cell_id}: {result.status}{note} "
               f"{result.metrics.get('wall_seconds', 0):.1f}s", flush=True)
 
-    execute(plans, goldens, jobs=jobs, on_step=on_step, on_result=on_result, order=todo)
+    execute(plans, run.goldens, jobs=jobs, on_step=on_step, on_result=on_result, order=todo)
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
     """Inject each fault in turn and say whether exactly its trigger cells failed, by its oracle."""
-    spec = load_spec(args.matrix, args.strength)
-    check_runnable(spec, args.device)
-    names = sorted(check_faults(args.fault or list(FAULTS)))
-    jobs = jobs_option(args.jobs, spec.engine)
-    configure_torch()
-    goldens = GoldenRuns(args.device)
+    run = MatrixRun.open(args.matrix, strength=args.strength, device=args.device, faults=args.fault or list(FAULTS))
+    matrix, goldens, names = run.matrix, run.goldens, sorted(run.faults)
+    jobs = jobs_option(args.jobs, run.in_process)
     exact = True
-    checks = (check_fault(spec, name, goldens) for name in names) if jobs == 1 else \
-        check_fault_set(spec, names, goldens, jobs=jobs)
+    checks = (check_fault(matrix, name, goldens) for name in names) if jobs == 1 else \
+        check_fault_set(matrix, names, goldens, jobs=jobs)
     for name, check in zip(names, checks):
         exact &= check.exact
         verdict = "exact" if check.exact else "NOT EXACT"
@@ -173,14 +169,6 @@ def cmd_kill(args: argparse.Namespace) -> int:
             for cell_id in sorted(cells):
                 print(f"  {label}: {cell_id}")
     return 0 if exact else 1
-
-
-def cmd_faults(args: argparse.Namespace) -> int:
-    for fault in FAULTS.values():
-        triggers = " and ".join(f"{name} in {{{', '.join(map(str, levels))}}}" for name, levels in fault.triggers.items())
-        seen = f"{fault.oracle} ({fault.exception})" if fault.exception else fault.oracle
-        print(f"{fault.name}\n  incident: {fault.incident}\n  triggers: {triggers}\n  seen by:  {seen}")
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     kill.add_argument("-j", "--jobs", type=int, metavar="N",
                       help=f"(fault, cell) runs side by side in N worker processes (default: ${JOBS_ENV}, else the cores)")
     kill.set_defaults(handler=cmd_kill)
-    sub.add_parser("faults", help="list the injectable faults").set_defaults(handler=cmd_faults)
+    add_table_commands(sub)
     add_triage_commands(sub)
     return parser
 
@@ -218,6 +206,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return args.handler(args)
-    except (MatrixError, UnknownFaultError, UsageError, SelectionError, TriageInputError) as exc:
+    except (MatrixError, UnknownFaultError, UnknownEngineError, UsageError, SelectionError, TriageInputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -13,15 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.matrix.file import load_spec
 from harness.matrix.model import Cell, MatrixError, generate
 from harness.matrix.selection import SelectionError, parse_shard, select_shard
-from harness.results.header import OPTIONS_BY_DEST, option_arguments, run_header
+from harness.results.header import OPTIONS_BY_DEST, option_arguments
 from harness.results.rows import FAILING, CellResult
 from harness.results.store import ResultsStore, RunInfo
-from harness.run.runner import GoldenRuns, configure_torch, run_cell
-from harness.sut import check_runnable
-from reference_impl.faults import UnknownFaultError, check_faults
+from harness.run.session import MatrixRun
+from harness.sut import UnknownEngineError
+from reference_impl.faults import UnknownFaultError
 from reports.html import write_report
 
 _SESSION = "kvmatrix-session"
@@ -31,31 +30,27 @@ class MatrixSession:
     """The hooks of a matrix run, and what every item shares: the matrix, its cells, the store, the golden runs."""
 
     def __init__(self, config: pytest.Config) -> None:
-        name, shard = config.getoption("matrix"), config.getoption("shard")
+        name, shard, device = config.getoption("matrix"), config.getoption("shard"), config.getoption("device")
         try:
-            self.spec = load_spec(name, config.getoption("strength"))
-            check_runnable(self.spec, config.getoption("device"))
-            self.faults = check_faults(config.getoption("inject_fault"))
-            self.cells = select_shard(generate(self.spec), parse_shard(shard, "--matrix-shard") if shard else None)
-        except (MatrixError, UnknownFaultError, SelectionError) as exc:
+            self.run = MatrixRun.open(name, strength=config.getoption("strength"), device=device,
+                                      faults=config.getoption("inject_fault"))
+            self.matrix, self.faults = self.run.matrix, self.run.faults
+            self.cells = select_shard(generate(self.matrix), parse_shard(shard, "--matrix-shard") if shard else None)
+        except (MatrixError, UnknownFaultError, UnknownEngineError, SelectionError) as exc:
             raise pytest.UsageError(str(exc)) from None
-        device = config.getoption("device")
-        header = run_header(self.spec, name, self.faults, device, shard, len(self.cells),
-                            argv=["pytest", *config.invocation_params.args])
-        info = RunInfo(self.spec.name, self.spec.mode, self.spec.strength, sorted(self.faults), len(self.cells),
+        header = self.run.header(name, shard, len(self.cells), argv=["pytest", *config.invocation_params.args])
+        info = RunInfo(self.matrix.name, self.matrix.mode, self.matrix.strength, sorted(self.faults), len(self.cells),
                        header=header, device=device)
         self.store = ResultsStore(Path(config.getoption("report_dir")), info, render=write_report)
         if hasattr(config, "workerinput"):  # a worker writes its rows under the controller's run id
             header.run_id = config.workerinput.get("kvmatrix_run_id", header.run_id)
-        configure_torch()
-        self.goldens = GoldenRuns(device)
         self.controller = not hasattr(config, "workerinput")
-        matrix_path = str(self.spec.path.resolve())
+        matrix_path = str(self.matrix.path.resolve())
         if not any(matrix_path.startswith(str(Path(arg.split("::")[0]).resolve())) for arg in config.args):
             config.args.append(matrix_path)
 
     def pytest_collect_file(self, file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-        if file_path.resolve() == self.spec.path.resolve():
+        if file_path.resolve() == self.matrix.path.resolve():
             return MatrixFile.from_parent(parent, path=file_path)
         return None
 
@@ -115,9 +110,9 @@ class MatrixItem(pytest.Item):
         self.add_marker("matrix")
 
     def runtest(self) -> None:
-        run = _session(self.config)
-        result = run_cell(run.spec, self.cell, faults=run.faults, goldens=run.goldens)
-        run.store.add(result)
+        session = _session(self.config)
+        result = session.run.run_cell(self.cell)
+        session.store.add(result)
         if result.status == "xfail":
             pytest.xfail(f"declared known failure ({', '.join(result.expected['fails'])}): {result.expected['reason']}")
         if result.status in FAILING:

@@ -11,15 +11,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.matrix.file import load_spec
 from harness.results.compare import TOLERANCES, compare, text
 from harness.results.files import INDEX, PROBES, RESULTS, RUNS
 from harness.results.header import file_sha256
 from harness.results.reader import RunData, load, planned, summarize, write_summary
 from harness.results.rows import write_lines
-from harness.run.probes import MAX_PROBED, locate, located_text
-from harness.run.runner import GoldenRuns, configure_torch, run_cell
-from harness.sut import check_runnable
+from harness.run.locate import MAX_PROBED, locate, located_text
+from harness.run.session import MatrixRun
 from reports.html import write_compare, write_report
 from reports.junit import write_junit
 
@@ -99,21 +97,18 @@ def cmd_locate(args: argparse.Namespace) -> int:
         raise TriageInputError(f"{args.dir}: no {RUNS} (a run header names the matrix, faults and device)")
     header = data.runs[-1]
     matrix = header.get("matrix_arg") or header["matrix_file"]
-    spec = load_spec(matrix, header["strength"] if header.get("mode") == "t-wise" else None)
-    if file_sha256(spec.path) != header.get("matrix_sha256"):
-        print(f"warning: {spec.path} changed since the run (sha256 differs); extra cells use it as it is now",
+    device = args.device or header.get("device", "cpu")
+    run = MatrixRun.open(matrix, strength=header["strength"] if header.get("mode") == "t-wise" else None,
+                         device=device, faults=header.get("faults", []))
+    if file_sha256(run.matrix.path) != header.get("matrix_sha256"):
+        print(f"warning: {run.matrix.path} changed since the run (sha256 differs); extra cells use it as it is now",
               file=sys.stderr)
-    faults, device = frozenset(header.get("faults", [])), args.device or header.get("device", "cpu")
-    check_runnable(spec, device)
-    configure_torch()
-    goldens = GoldenRuns(device)
 
     def run_one(cell):
         print(f"extra cell {cell.cell_id} …", flush=True)
-        row = run_cell(spec, cell, faults=faults, goldens=goldens).to_json()
-        return {**row, "run_id": header["run_id"], "device": device}
+        return {**run.run_cell(cell).to_json(), "run_id": header["run_id"], "device": device}
 
-    result = locate(spec, data.rows, run_one, data.probes, args.max_probed or MAX_PROBED)
+    result = locate(run.matrix, data.rows, run_one, data.probes, args.max_probed or MAX_PROBED)
     ran = result.probes[len(data.probes):]
     write_lines(Path(args.dir) / PROBES, result.probes)
     summary = summarize(data.rows, data.runs, planned(data.runs, len(data.rows)))

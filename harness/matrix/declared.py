@@ -1,5 +1,5 @@
-"""What a matrix file declares about its engine beyond the factors: known failures, lossy levels' tolerances,
-and engine arguments passed through to every cell.
+"""What a matrix file declares about its engine beyond the factors: known failures and lossy levels' tolerances
+(an engine's own tables, ``[engine_args]`` or ``[server]``, are its package's to read: ``Engine.parse_tables``).
 
 ``[[expected]]`` names a real engine's real bug: a cell pattern (``when``), what fails (an oracle, or
 ``error: ExceptionType``) and why (an upstream issue or a sentence). A matching cell that fails that way
@@ -16,14 +16,11 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import MappingProxyType
 
+from harness import oracles
 from harness.matrix.model import Expected, Tolerance, matrix_error
 
-DECLARED_TABLES = ("expected", "tolerances", "engine_args")
-#: what ``fails`` may name: the oracles (harness.run.oracles.ORACLES holds exactly these), or an error type.
-ORACLE_NAMES = ("tokens", "logprobs", "nan", "cached_tokens", "batch_invariance", "completeness", "pool_audit",
-                "accept_length", "pd_audit", "cross_engine")
+DECLARED_TABLES = ("expected", "tolerances")
 _ERROR = re.compile(r"error: [A-Za-z_][A-Za-z0-9_]*")
 _EXPECTED_KEYS = ("when", "fails", "reason")
 _TOLERANCE_KEYS = ("when", "logprobs", "tie", "reason")
@@ -31,14 +28,12 @@ _TOLERANCE_KEYS = ("when", "logprobs", "tie", "reason")
 LevelTable = Callable[[str, object], Mapping[str, tuple[object, ...]]]
 
 
-def parse_declared(path: Path, doc: Mapping[str, object], factors: Mapping[str, tuple[object, ...]],
-                   level_table: LevelTable) -> dict[str, object]:
-    """The MatrixSpec fields of ``[[expected]]``, ``[[tolerances]]`` and ``[engine_args]``."""
+def parse_declared(path: Path, doc: Mapping[str, object], level_table: LevelTable) -> dict[str, object]:
+    """The Matrix fields of ``[[expected]]`` and ``[[tolerances]]``."""
     return {"expected": tuple(_expected(path, f"[[expected]] #{i}", entry, level_table)
                               for i, entry in enumerate(_entries(path, doc, "expected"), start=1)),
             "tolerances": tuple(_tolerance(path, f"[[tolerances]] #{i}", entry, level_table)
-                                for i, entry in enumerate(_entries(path, doc, "tolerances"), start=1)),
-            "engine_args": _engine_args(path, doc.get("engine_args", {}))}
+                                for i, entry in enumerate(_entries(path, doc, "tolerances"), start=1))}
 
 
 def _entries(path: Path, doc: Mapping[str, object], table: str) -> list[dict]:
@@ -69,8 +64,8 @@ def _expected(path: Path, where: str, entry: dict, level_table: LevelTable) -> E
     if not fails:
         raise matrix_error(path, f"{where} fails", "empty (name the oracle or the error type that fails)")
     for name in fails:
-        if not isinstance(name, str) or not (name in ORACLE_NAMES or _ERROR.fullmatch(name)):
-            raise matrix_error(path, f"{where} fails", f"{name!r} is neither an oracle ({', '.join(ORACLE_NAMES)}) "
+        if not isinstance(name, str) or not (name in oracles.names() or _ERROR.fullmatch(name)):
+            raise matrix_error(path, f"{where} fails", f"{name!r} is neither an oracle ({', '.join(oracles.names())}) "
                                f"nor 'error: ExceptionType'")
     reason = _reason(path, where, entry["reason"], "the upstream issue, or a sentence saying why")
     return Expected(level_table(f"{where} when", entry["when"]), tuple(fails), reason)
@@ -89,9 +84,3 @@ def _tolerance(path: Path, where: str, entry: dict, level_table: LevelTable) -> 
         raise matrix_error(path, where, "declares neither logprobs nor tie")
     reason = _reason(path, where, entry["reason"], "why this level is lossy")
     return Tolerance(level_table(f"{where} when", entry["when"]), values["logprobs"], values["tie"], reason)
-
-
-def _engine_args(path: Path, table: object) -> Mapping[str, object]:
-    if not isinstance(table, dict):
-        raise matrix_error(path, "[engine_args]", f"expected a table, got {type(table).__name__}")
-    return MappingProxyType(dict(table))

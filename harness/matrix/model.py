@@ -116,7 +116,7 @@ class Cell:
 
 
 @dataclass(frozen=True, slots=True)
-class MatrixSpec:
+class Matrix:
     """A validated matrix file."""
 
     name: str
@@ -184,7 +184,7 @@ class MatrixSpec:
         """The cell ``cell`` is compared with: every factor that has a golden level set to it."""
         return Cell(tuple((factor, self.golden.get(factor, level)) for factor, level in cell.factors))
 
-    def with_strength(self, t: int) -> MatrixSpec:
+    def with_strength(self, t: int) -> Matrix:
         """This matrix as a t-wise matrix of strength ``t`` (the CLI's ``--strength``)."""
         check_strength(self, t, "--strength")
         return dataclasses.replace(self, mode="t-wise", strength=t)
@@ -210,92 +210,92 @@ def level_token(level: object) -> str:
     return re.sub(r"[^\w.+]", "_", str(level).rpartition(":")[2])
 
 
-def generate(spec: MatrixSpec) -> list[Cell]:
-    """The cells of ``spec`` in its mode, never a forbidden or duplicate one, in a stable order."""
-    return generate_certified(spec)[0]
+def generate(matrix: Matrix) -> list[Cell]:
+    """The cells of ``matrix`` in its mode, never a forbidden or duplicate one, in a stable order."""
+    return generate_certified(matrix)[0]
 
 
-def generate_certified(spec: MatrixSpec) -> tuple[list[Cell], covering.Covering | None]:
-    """The cells of ``spec`` and, in t-wise mode, the covering array's certificate (bound, optimality, method)."""
-    if spec.mode == "full":
-        rows = itertools.product(*(levels for _, levels in spec.factors))
-        cells = [_cell(spec, row) for row in rows]
-        return [cell for cell in cells if spec.allows(cell.as_dict())], None
-    if spec.mode == "t-wise":
-        assert spec.strength is not None  # load_matrix requires it for t-wise
+def generate_certified(matrix: Matrix) -> tuple[list[Cell], covering.Covering | None]:
+    """The cells of ``matrix`` and, in t-wise mode, the covering array's certificate (bound, optimality, method)."""
+    if matrix.mode == "full":
+        rows = itertools.product(*(levels for _, levels in matrix.factors))
+        cells = [_cell(matrix, row) for row in rows]
+        return [cell for cell in cells if matrix.allows(cell.as_dict())], None
+    if matrix.mode == "t-wise":
+        assert matrix.strength is not None  # load_matrix requires it for t-wise
         try:
-            result = covering.solve(_domains(spec), spec.strength, index_constraints(spec), cost=_index_cost(spec),
-                                    stronger=stronger_groups(spec), moves=spec.search_moves)
+            result = covering.solve(_domains(matrix), matrix.strength, index_constraints(matrix), cost=_index_cost(matrix),
+                                    stronger=stronger_groups(matrix), moves=matrix.search_moves)
         except ValueError as exc:
-            raise matrix_error(spec.path, "[factors]", str(exc)) from exc
-        return [_cell_of_indices(spec, row) for row in result.rows], result
-    if spec.mode == "ofat":
-        return _one_factor_at_a_time(spec), None
-    raise matrix_error(spec.path, "[matrix] mode", f"unknown mode {spec.mode!r} (modes: {', '.join(MODES)})")
+            raise matrix_error(matrix.path, "[factors]", str(exc)) from exc
+        return [_cell_of_indices(matrix, row) for row in result.rows], result
+    if matrix.mode == "ofat":
+        return _one_factor_at_a_time(matrix), None
+    raise matrix_error(matrix.path, "[matrix] mode", f"unknown mode {matrix.mode!r} (modes: {', '.join(MODES)})")
 
 
-def coverage(spec: MatrixSpec, cells: Sequence[Cell], t: int) -> CoverageReport:
+def coverage(matrix: Matrix, cells: Sequence[Cell], t: int) -> CoverageReport:
     """Count the allowed t-tuples (and ``[[stronger]]`` groups' tuples) and which of them the allowed ``cells`` cover."""
-    check_strength(spec, t, "t")
-    domains, allowed = _domains(spec), index_constraints(spec)
-    rows = [_indices_of(spec, cell) for cell in cells]
-    stronger = stronger_groups(spec)
+    check_strength(matrix, t, "t")
+    domains, allowed = _domains(matrix), index_constraints(matrix)
+    rows = [_indices_of(matrix, cell) for cell in cells]
+    stronger = stronger_groups(matrix)
     required = len(covering.allowed_tuples(domains, t, allowed, stronger))
     missing = tuple(
-        tuple((spec.factors[f][0], spec.factors[f][1][level]) for f, level in ttuple)
+        tuple((matrix.factors[f][0], matrix.factors[f][1][level]) for f, level in ttuple)
         for ttuple in covering.missing_tuples(rows, domains, t, allowed, stronger)
     )
     return CoverageReport(strength=t, required=required, covered=required - len(missing), missing=missing)
 
 
-def lower_bound(spec: MatrixSpec, t: int) -> int:
+def lower_bound(matrix: Matrix, t: int) -> int:
     """The most allowed tuples on one set of t factors (or of a ``[[stronger]]`` group's s factors): each
     cell holds one, so no matrix covering them has fewer cells."""
-    check_strength(spec, t, "t")
-    domains = _domains(spec)
-    space = covering.TupleSpace(domains, covering.interactions(domains, t, stronger_groups(spec)))
-    return space.counting_bound(covering.required_mask(space, index_constraints(spec)))
+    check_strength(matrix, t, "t")
+    domains = _domains(matrix)
+    space = covering.TupleSpace(domains, covering.interactions(domains, t, stronger_groups(matrix)))
+    return space.counting_bound(covering.required_mask(space, index_constraints(matrix)))
 
 
-def _cell(spec: MatrixSpec, levels: Sequence[object]) -> Cell:
+def _cell(matrix: Matrix, levels: Sequence[object]) -> Cell:
     """The cell with ``levels`` in the matrix's factor order."""
-    return Cell(tuple(zip((factor for factor, _ in spec.factors), levels)))
+    return Cell(tuple(zip((factor for factor, _ in matrix.factors), levels)))
 
 
-def _domains(spec: MatrixSpec) -> list[int]:
+def _domains(matrix: Matrix) -> list[int]:
     """Number of levels of each factor, in file order."""
-    return [len(levels) for _, levels in spec.factors]
+    return [len(levels) for _, levels in matrix.factors]
 
 
-def _cell_of_indices(spec: MatrixSpec, row: Sequence[int]) -> Cell:
+def _cell_of_indices(matrix: Matrix, row: Sequence[int]) -> Cell:
     """The cell whose levels are the given level indices."""
-    return _cell(spec, [levels[i] for (_, levels), i in zip(spec.factors, row)])
+    return _cell(matrix, [levels[i] for (_, levels), i in zip(matrix.factors, row)])
 
 
-def _indices_of(spec: MatrixSpec, cell: Cell) -> tuple[int, ...]:
+def _indices_of(matrix: Matrix, cell: Cell) -> tuple[int, ...]:
     """Level indices of ``cell``, which must have exactly this matrix's factors and levels."""
     names = tuple(factor for factor, _ in cell.factors)
-    if names != tuple(factor for factor, _ in spec.factors):
-        raise matrix_error(spec.path, "cell", f"{cell.cell_id} has factors {names}, not the matrix's")
+    if names != tuple(factor for factor, _ in matrix.factors):
+        raise matrix_error(matrix.path, "cell", f"{cell.cell_id} has factors {names}, not the matrix's")
     try:
-        return tuple(levels.index(level) for (_, levels), (_, level) in zip(spec.factors, cell.factors))
+        return tuple(levels.index(level) for (_, levels), (_, level) in zip(matrix.factors, cell.factors))
     except ValueError as exc:
-        raise matrix_error(spec.path, "cell", f"{cell.cell_id} has a level outside the matrix") from exc
+        raise matrix_error(matrix.path, "cell", f"{cell.cell_id} has a level outside the matrix") from exc
 
 
-def stronger_groups(spec: MatrixSpec) -> list[tuple[tuple[int, ...], int]]:
+def stronger_groups(matrix: Matrix) -> list[tuple[tuple[int, ...], int]]:
     """``[[stronger]]`` as (factor positions, strength), the form the generator takes."""
-    positions = {factor: i for i, (factor, _) in enumerate(spec.factors)}
-    return [(tuple(positions[f] for f in names), s) for names, s in spec.stronger]
+    positions = {factor: i for i, (factor, _) in enumerate(matrix.factors)}
+    return [(tuple(positions[f] for f in names), s) for names, s in matrix.stronger]
 
 
-def index_constraints(spec: MatrixSpec) -> covering.Forbidden:
-    """``spec.allows`` on level indices, as clauses the generator can also judge partial rows by."""
-    positions = {factor: i for i, (factor, _) in enumerate(spec.factors)}
-    return covering.Forbidden(_domains(spec), [
-        {positions[f]: [_level_index(spec.factors[positions[f]][1], lv) for lv in levels]
+def index_constraints(matrix: Matrix) -> covering.Forbidden:
+    """``matrix.allows`` on level indices, as clauses the generator can also judge partial rows by."""
+    positions = {factor: i for i, (factor, _) in enumerate(matrix.factors)}
+    return covering.Forbidden(_domains(matrix), [
+        {positions[f]: [_level_index(matrix.factors[positions[f]][1], lv) for lv in levels]
          for f, levels in constraint.forbid.items()}
-        for constraint in spec.constraints
+        for constraint in matrix.constraints
     ])
 
 
@@ -304,24 +304,24 @@ def _level_index(levels: Sequence[object], level: object) -> int:
     return next(i for i, candidate in enumerate(levels) if type(candidate) is type(level) and candidate == level)
 
 
-def _index_cost(spec: MatrixSpec) -> Callable[[tuple[int, ...]], float] | None:
-    """``spec.cost_of`` on level indices, or None without a ``[cost]`` table (rows as before)."""
-    if not spec.cost:
+def _index_cost(matrix: Matrix) -> Callable[[tuple[int, ...]], float] | None:
+    """``matrix.cost_of`` on level indices, or None without a ``[cost]`` table (rows as before)."""
+    if not matrix.cost:
         return None
-    weights = [[spec.cost.get(factor, {}).get(level, 1.0) for level in levels] for factor, levels in spec.factors]
+    weights = [[matrix.cost.get(factor, {}).get(level, 1.0) for level in levels] for factor, levels in matrix.factors]
     return lambda row: math.fsum(w[i] for w, i in zip(weights, row))
 
 
-def _one_factor_at_a_time(spec: MatrixSpec) -> list[Cell]:
+def _one_factor_at_a_time(matrix: Matrix) -> list[Cell]:
     """The golden cell, then each other level of each factor with the rest at golden."""
-    base = spec.golden_cell()
+    base = matrix.golden_cell()
     cells = [base]
-    for i, (factor, levels) in enumerate(spec.factors):
+    for i, (factor, levels) in enumerate(matrix.factors):
         for level in levels:
             if level == base.factors[i][1]:
                 continue
             cell = Cell((*base.factors[:i], (factor, level), *base.factors[i + 1:]))
-            if spec.allows(cell.as_dict()):
+            if matrix.allows(cell.as_dict()):
                 cells.append(cell)
     return cells
 
@@ -340,11 +340,11 @@ def matrix_error(path: Path, key: str, message: str) -> MatrixError:
     return MatrixError(" ".join(text.splitlines()))
 
 
-def check_strength(spec: MatrixSpec, t: object, key: str) -> None:
+def check_strength(matrix: Matrix, t: object, key: str) -> None:
     """Reject a strength that is not an integer, or not in 1..number of factors."""
-    k = len(spec.factors)
+    k = len(matrix.factors)
     if isinstance(t, bool) or not isinstance(t, int):
-        raise matrix_error(spec.path, key, f"must be an integer, got {type(t).__name__} {t!r}")
+        raise matrix_error(matrix.path, key, f"must be an integer, got {type(t).__name__} {t!r}")
     if not 1 <= t <= k:
-        raise matrix_error(spec.path, key, f"{t!r} is out of range 1..{k} (the number of factors)")
+        raise matrix_error(matrix.path, key, f"{t!r} is out of range 1..{k} (the number of factors)")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 
-from harness.matrix.model import Cell, MatrixSpec
+from harness.matrix.model import Cell, Matrix
 
 
 class SelectionError(ValueError):
@@ -38,16 +38,16 @@ def select_shard(cells: Sequence[Cell], shard: tuple[int, int] | None) -> list[C
     return [cell for i, cell in enumerate(cells) if i % total == index - 1]
 
 
-def _parse(spec: MatrixSpec, text: str) -> list[Cell]:
-    """Every cell of ``spec``'s levels whose id is exactly ``text`` (a prefix search, factor by factor)."""
+def _parse(matrix: Matrix, text: str) -> list[Cell]:
+    """Every cell of ``matrix``'s levels whose id is exactly ``text`` (a prefix search, factor by factor)."""
     found, stack = [], [()]
     while stack:
         prefix = stack.pop()
-        if len(prefix) == len(spec.factors):
+        if len(prefix) == len(matrix.factors):
             if Cell(prefix).cell_id == text:
                 found.append(Cell(prefix))
             continue
-        factor, levels = spec.factors[len(prefix)]
+        factor, levels = matrix.factors[len(prefix)]
         for level in levels:
             partial = (*prefix, (factor, level))
             if text.startswith(Cell(partial).cell_id):  # a partial id ends with its "/": no level is a prefix of another
@@ -55,19 +55,19 @@ def _parse(spec: MatrixSpec, text: str) -> list[Cell]:
     return found
 
 
-def cell_by_id(spec: MatrixSpec, cell_id: str, generated: Sequence[Cell]) -> Cell:
+def cell_by_id(matrix: Matrix, cell_id: str, generated: Sequence[Cell]) -> Cell:
     """The cell named ``cell_id``: from ``generated`` when it is there, else any allowed cell of the matrix's levels."""
     for cell in generated:
         if cell.cell_id == cell_id:
             return cell
-    for cell in _parse(spec, cell_id):
-        if spec.allows(cell.as_dict()):
+    for cell in _parse(matrix, cell_id):
+        if matrix.allows(cell.as_dict()):
             return cell
     close = difflib.get_close_matches(cell_id, [c.cell_id for c in generated], n=3, cutoff=0.5)
     hint = f"; closest: {', '.join(close)}" if close else ""
-    raise SelectionError(f"--cell {cell_id!r}: no allowed cell of matrix {spec.name} has this id{hint}")
+    raise SelectionError(f"--cell {cell_id!r}: no allowed cell of matrix {matrix.name} has this id{hint}")
 
 
-def select_cells(spec: MatrixSpec, generated: Sequence[Cell], ids: Sequence[str]) -> list[Cell]:
+def select_cells(matrix: Matrix, generated: Sequence[Cell], ids: Sequence[str]) -> list[Cell]:
     """The named cells, in the order given, each once."""
-    return list(dict.fromkeys(cell_by_id(spec, cell_id, generated) for cell_id in ids))
+    return list(dict.fromkeys(cell_by_id(matrix, cell_id, generated) for cell_id in ids))

@@ -9,7 +9,6 @@ import hashlib
 from importlib import metadata
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import uuid
@@ -18,12 +17,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from typing import TYPE_CHECKING
-
 from harness.results.files import DEFAULT_REPORT_DIR
-
-if TYPE_CHECKING:  # the header is read where no matrix is loaded (the plugin at start-up, the reports)
-    from harness.matrix.model import MatrixSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +133,16 @@ def versions() -> dict[str, str]:
     return found
 
 
+def new_run_id() -> str:
+    """A run's id: 12 hex digits, random (two runs never share one)."""
+    return uuid.uuid4().hex[:12]
+
+
+def now() -> str:
+    """The date a header carries: UTC, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 def command_line(argv: Sequence[str] | None = None) -> str:
     """The command as typed: ``python -m harness run ...`` (or pytest's own argv), shell-quoted."""
     argv = list(sys.argv if argv is None else argv)
@@ -146,19 +150,6 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     if program.endswith(("harness/__main__.py", "harness\\__main__.py")):
         return shlex.join(["python", "-m", "harness", *argv[1:]])
     return shlex.join([Path(program).name or "python", *argv[1:]])
-
-
-def run_header(spec: MatrixSpec, matrix_arg: str, faults: Sequence[str], device: str, shard: str | None,
-               cells_planned: int, argv: Sequence[str] | None = None) -> RunHeader:
-    """The header of a run about to start on ``device`` (``shard`` as ``I/N`` or None)."""
-    return RunHeader(
-        run_id=uuid.uuid4().hex[:12], matrix=spec.name, matrix_arg=matrix_arg, matrix_file=str(spec.path),
-        matrix_sha256=file_sha256(spec.path), mode=spec.mode, strength=spec.strength, faults=sorted(faults),
-        device=device, device_name=device_name(device), shard=shard, cells_planned=cells_planned,
-        commit=git_commit(Path(__file__).resolve().parents[1]),
-        date=datetime.now(timezone.utc).isoformat(timespec="seconds"), host=socket.gethostname(),
-        versions=versions(), command=command_line(argv),
-    )
 
 
 def reproduce_command(header: Mapping[str, object], cell_id: str, report_dir: str = "reports/repro") -> str:

@@ -11,11 +11,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.matrix.levels import engine_levels
-from harness.matrix.model import Cell, MatrixSpec, generate
+from harness.matrix.model import Cell, Matrix, generate
 from harness.run.parallel import execute
 from harness.results.rows import CellResult, error_type
-from harness.run.runner import GoldenRuns, plan_cell
+from harness.run.golden import GoldenRuns
+from harness.run.plan import plan_cell
+from harness.sut.reference import LEVELS
 from reference_impl.faults import FAULTS, Fault
 
 
@@ -62,21 +63,21 @@ def _seen(result: CellResult, fault: Fault) -> bool:
     return verdict is not None and verdict.status == "fail"
 
 
-def check_fault(spec: MatrixSpec, fault_name: str, goldens: GoldenRuns | None = None) -> FaultCheck:
-    """Run every cell of ``spec`` with ``fault_name`` injected and sort the cells."""
-    (check,) = check_fault_set(spec, [fault_name], goldens, jobs=1)
+def check_fault(matrix: Matrix, fault_name: str, goldens: GoldenRuns | None = None) -> FaultCheck:
+    """Run every cell of ``matrix`` with ``fault_name`` injected and sort the cells."""
+    (check,) = check_fault_set(matrix, [fault_name], goldens, jobs=1)
     return check
 
 
-def check_fault_set(spec: MatrixSpec, fault_names: Sequence[str], goldens: GoldenRuns | None = None, *,
+def check_fault_set(matrix: Matrix, fault_names: Sequence[str], goldens: GoldenRuns | None = None, *,
                  jobs: int = 1) -> list[FaultCheck]:
     """``check_fault`` for each fault; with ``jobs`` > 1 every (fault, cell) runs side by side in worker processes.
 
     A check's seconds are its wall time when run alone, else the sum of its cells' wall seconds.
     """
     goldens = goldens if goldens is not None else GoldenRuns()
-    cells = generate(spec)
-    plans = [plan_cell(spec, cell, frozenset({name})) for name in fault_names for cell in cells]
+    cells = generate(matrix)
+    plans = [plan_cell(matrix, cell, frozenset({name})) for name in fault_names for cell in cells]
     results: list[CellResult | None] = [None] * len(plans)
     started = time.perf_counter()
 
@@ -98,7 +99,7 @@ def _sort(fault_name: str, cells: Sequence[Cell], results: Sequence[CellResult],
     fault = FAULTS[fault_name]
     triggered, failed, seen = set(), set(), set()
     for cell, result in zip(cells, results):
-        if fault.triggered_by(engine_levels(cell.as_dict())):
+        if fault.triggered_by(LEVELS.full(cell.as_dict())):
             triggered.add(cell.cell_id)
         if result.status in ("fail", "error"):
             failed.add(cell.cell_id)

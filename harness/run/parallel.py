@@ -17,6 +17,7 @@ from there). A worker whose parent is gone exits by itself.
 """
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import signal
@@ -27,8 +28,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
+from harness import oracles, sut
 from harness.results.rows import CellResult
-from harness.run.runner import CellPlan, GoldenRuns, configure_torch, deadline, error_result, run_plan
+from harness.run.cell import configure_torch, run_plan
+from harness.run.golden import GoldenRuns
+from harness.run.plan import CellPlan
+from harness.run.row import error_result
+from harness.run.serve import deadline
 
 #: seconds a worker may overrun its cell's timeout (the in-worker alarm fires first) before it is killed.
 KILL_GRACE_S = 30.0
@@ -69,9 +75,12 @@ def execute(plans: Sequence[CellPlan], goldens: GoldenRuns, *, jobs: int, on_ste
     _Pool(jobs, goldens.device).run(plans, goldens, order, on_step, on_result)
 
 
-def _worker(conn: Connection, parent_pid: int) -> None:
-    """A worker's life: one torch thread, Ctrl-C left to the parent, tasks until told to stop or orphaned."""
+def _worker(conn: Connection, parent_pid: int, plugins: Sequence[str]) -> None:
+    """A worker's life: the parent's plugins, one torch thread, Ctrl-C left to the parent, tasks until told to stop
+    or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for module in plugins:  # oracles and engines registered in the parent register here again on import
+        importlib.import_module(module)
     configure_torch()
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
     while True:
@@ -114,7 +123,8 @@ class _Slot:
 
     def __init__(self, ctx: multiprocessing.context.BaseContext) -> None:
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker, args=(child, os.getpid()), daemon=False)
+        plugins = [*oracles.plugin_modules(), *sut.plugin_modules()]
+        self.process = ctx.Process(target=_worker, args=(child, os.getpid(), plugins), daemon=False)
         self.process.start()
         child.close()
         self.task: _Task | None = None

@@ -1,51 +1,75 @@
-"""Systems under test: the protocol the runner drives (``base``) and the engines behind it, by matrix engine name."""
+"""Systems under test: the protocol the runner drives (``base``) and the engines behind it, one package each.
+
+An engine is declared once, as ``ENGINE`` (a ``base.Engine``) in its package, and named here in ``BUILTIN``;
+a matrix file names it in ``[matrix] engine``. A user's own engine is named there by import path
+(``mypkg.engine:ENGINE``) or handed to ``register``; nothing else in the harness names an engine.
+"""
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from harness.matrix.levels import ENGINES
-from harness.matrix.model import MatrixError, MatrixSpec, shown_path
-from harness.sut.base import CellEngine
+from harness.sut.base import CellEngine, Engine
+
+#: the engines a matrix names by name: name → the package that declares it (its ``ENGINE``).
+BUILTIN: Mapping[str, str] = {
+    "reference": "harness.sut.reference",
+    "vllm": "harness.sut.vllm",
+    "openai": "harness.sut.openai",
+}
+_REGISTERED: dict[str, Engine] = {}
 
 
-def check_runnable(spec: MatrixSpec, device: str) -> None:
-    """Raise ``MatrixError`` (one line) when ``device`` is not here, or the engine refuses one of the matrix's
-    levels on it: a matrix that cannot run is refused when it is loaded, never run into error cells."""
-    if device.startswith("cuda"):
-        import torch
+class UnknownEngineError(LookupError):
+    """A name that is neither a built-in or registered engine nor an import path to an ``Engine``."""
 
-        if not torch.cuda.is_available():
-            raise MatrixError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device; "
-                              f"run on a GPU machine, or with --device cpu")
-    if spec.engine == "openai":
-        from harness.sut.server import launch_problem
 
-        problem = launch_problem(spec.engine_args)
-        if problem is not None:
-            raise MatrixError(f"{shown_path(spec.path)}: [server] command: {problem}")
-    engine = ENGINES[spec.engine]
-    levels = [(factor, level) for factor, values in spec.factors for level in values] + list(spec.golden.items())
-    for factor, level in levels:
-        reason = engine.refused(device, factor, level)
-        if reason is not None:
-            raise MatrixError(f"{shown_path(spec.path)}: [factors] {factor}: level {level!r} cannot run on "
-                              f"--device {device}: {reason}")
+def register(engine: Engine) -> Engine:
+    """Make ``engine`` known by its name (in this process) and return it."""
+    _REGISTERED[engine.name] = engine
+    return engine
+
+
+def unregister(name: str) -> None:
+    """Forget an engine ``register`` made known (a test's own)."""
+    _REGISTERED.pop(name, None)
+
+
+def plugin_modules() -> list[str]:
+    """The modules that registered engines in this process: a worker process imports them to know them too."""
+    return sorted({engine.open.__module__ for engine in _REGISTERED.values()})
+
+
+def known() -> list[str]:
+    """The engines known by name, built-in first."""
+    return list(dict.fromkeys([*BUILTIN, *_REGISTERED]))
+
+
+def engine(name: str) -> Engine:
+    """The engine ``name`` names: registered, built-in, or an import path ``module:ATTRIBUTE``."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name in BUILTIN:
+        return importlib.import_module(BUILTIN[name]).ENGINE
+    module, colon, attribute = name.partition(":")
+    if not colon:
+        raise UnknownEngineError(f"unknown engine {name!r} (engines: {', '.join(known())}; or an import path "
+                                 f"module:ENGINE)")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownEngineError(f"engine {name!r}: cannot import it ({exc})") from None
+    if not isinstance(found, Engine):
+        raise UnknownEngineError(f"engine {name!r} is a {type(found).__name__}, not a harness.sut.base.Engine")
+    return found
 
 
 @contextmanager
-def opened(engine: str, levels: Mapping[str, object], faults: frozenset[str], device: str,
+def opened(name: str, levels: Mapping[str, object], faults: frozenset[str], device: str,
            engine_args: Mapping[str, object]) -> Iterator[CellEngine]:
-    """The engine ``engine`` (a ``[matrix] engine`` name) brought up for one cell, closed when the block ends."""
-    if engine == "reference":
-        from harness.sut.reference import ReferenceEngine as kind
-    elif engine == "vllm":
-        from harness.sut.vllm import VllmEngine as kind
-    elif engine == "openai":
-        from harness.sut.server import ServerEngine as kind
-    else:
-        raise ValueError(f"unknown engine {engine!r}")
-    cell_engine = kind(levels, faults, device, engine_args)
+    """The engine ``name`` brought up for one cell, closed when the block ends."""
+    cell_engine = engine(name).open(levels, faults, device, engine_args)
     try:
         yield cell_engine
     finally:

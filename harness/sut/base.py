@@ -13,12 +13,40 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 import torch
 
 from fixtures.workloads import Workload
+from harness.sut.levels import EngineLevels
 from reference_impl.request import RequestOutput, RequestSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpecTraits:
+    """The proposer as the engine applied it."""
+
+    method: str = "none"        # the spec level ("none": no speculative decoding)
+    k: int = 0                  # draft tokens per verify step
+    pass_counted: bool = False  # speculative counters per pass only (drafts, accepted), not per request
+
+    @property
+    def max_accept_length(self) -> int:
+        """k + 1: the most tokens one verify step can emit (the bonus token included)."""
+        return self.k + 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheTraits:
+    """The prefix cache as the engine applied it: what its hits are judged by."""
+
+    enabled: bool
+    page_size: int               # tokens per KV page (block)
+    chunk_size: int              # the Mamba2 SSD chunk, which with the page size sets the snapshot grid
+    state_interval: int          # tokens between the hybrid model's cached state snapshots
+    tiers: tuple[str, ...] = ()  # the cache's tiers below L1 ("host", "storage")
+    model_cache: bool = False    # its hits follow fixtures/workloads/cache_model.py's rules (the reference engine's do)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,21 +54,14 @@ class Traits:
     """What the oracles must know of an opened system to judge it: the levels as the engine applied them."""
 
     dtype: torch.dtype
-    cache_enabled: bool
+    model: str                 # the model level (names the accept band)
     hybrid: bool
     deterministic: bool
-    page_size: int
-    num_draft_tokens: int
-    chunk_size: int            # the Mamba2 SSD chunk, which with the page size sets the snapshot grid
-    state_interval: int        # tokens between the hybrid model's cached state snapshots
-    spec: str                  # the proposer level ("none" without speculative decoding)
-    model: str                 # the model level (names the accept band)
-    tiers: tuple[str, ...] = ()  # the cache's tiers below L1 ("host", "storage")
+    spec: SpecTraits
+    cache: CacheTraits
     aborts_allowed: bool = False  # PD cells that inject transport failures may end requests "aborted"
     audited: bool = True          # the idle engine audits its pools (pool_audit judges it); a real engine does not
-    pass_counted: bool = False    # speculative counters per pass only (drafts, accepted), not per request
     pd: bool = False  # a prefill engine and a decode server: the client's hit is the prefill side's, which never decodes
-    model_cache: bool = False  # its cache follows fixtures/workloads/cache_model.py's rules (the reference engine's do)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -101,5 +122,49 @@ class CellEngine(Protocol):
     def close(self) -> None: ...
 
 
-#: an engine kind: a cell's levels, the faults to inject, the device and the matrix's ``[engine_args]``.
+#: how a cell opens an engine: the cell's levels, the faults to inject, the device and the engine's arguments (what
+#: ``Engine.parse_tables`` made of the matrix file's own tables).
 OpenEngine = Callable[[Mapping[str, object], frozenset[str], str, Mapping[str, object]], CellEngine]
+#: a matrix file's tables (all of it), its factors and its ``[golden]`` table → the engine's arguments.
+ParseTables = Callable[[Mapping[str, object], Mapping[str, tuple[object, ...]], Mapping[str, object]], Mapping[str, object]]
+
+
+def no_tables(doc: Mapping[str, object], factors: Mapping[str, tuple[object, ...]],
+              golden: Mapping[str, object]) -> Mapping[str, object]:
+    """An engine that reads no table of its own: no arguments."""
+    return MappingProxyType({})
+
+
+def no_launch_problem(engine_args: Mapping[str, object]) -> str | None:
+    """An engine with nothing to launch: nothing can be missing."""
+    return None
+
+
+def no_cross_golden(levels: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
+    """An engine no other engine serves the same function as."""
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Engine:
+    """One engine a matrix can put under test, declared once in its package (``ENGINE``) and named in
+    ``harness.sut.BUILTIN``: its levels, how a cell opens it, and what a run asks of it. Nothing outside its
+    package names it."""
+
+    levels: EngineLevels
+    open: OpenEngine
+    #: it runs in the cell's own process: ``-j`` fills the cores by default and golden runs are made per workload;
+    #: otherwise cells run one at a time unless ``-j`` says otherwise, and a golden configuration starts once
+    in_process: bool = False
+    #: the matrix file's tables it reads (``engine_args``, ``server``); ``parse_tables`` validates them
+    tables: tuple[str, ...] = ()
+    parse_tables: ParseTables = no_tables
+    #: why the program it launches is not here (not built, not installed), found when the matrix is loaded
+    launch_problem: Callable[[Mapping[str, object]], str | None] = no_launch_problem
+    #: the other engine (name, golden levels) that serves the same function as a cell's full levels: the
+    #: cross_engine oracle's reference
+    cross_golden: Callable[[Mapping[str, object]], tuple[str, dict[str, object]] | None] = no_cross_golden
+
+    @property
+    def name(self) -> str:
+        return self.levels.name

@@ -1,36 +1,16 @@
 """vLLM under test: its offline API in a child process of vLLM's own interpreter, one child per cell.
 
-The harness process never imports vllm: ``harness/sut/vllm_child.py`` runs under ``.venv-vllm``
-(``make vllm-env``; ``$KVMATRIX_VLLM_PYTHON`` names another interpreter, a GPU runner's CUDA vllm say)
-and answers line-delimited JSON. A child that dies, hangs past the cell's timeout or answers what the
-protocol does not allow is killed with its whole process group and the cell becomes an ``error`` row
-carrying the child's stderr tail; nothing outlives the cell, Ctrl-C included.
-
-What each factor maps to (``engine_arguments``):
-
-======================  =====================================================================
-cache                   ``enable_prefix_caching`` (off, device)
-page_size               ``block_size``
-prefill_budget          ``max_num_batched_tokens`` (chunked prefill is always on in vLLM V1)
-max_num_seqs            ``max_num_seqs``
-spec, num_draft_tokens  ``speculative_config``: ngram (prompt lookup 2..4), draft (the dense model cut
-                        to one layer), eagle (a seeded EAGLE-1 head), self (the target's own weights as
-                        its draft: every draft token is accepted, accept length exactly k + 1)
-scheduler               ``scheduling_policy`` (the workload's priorities are always passed)
-async_scheduling        ``async_scheduling``
-kv_cache_dtype          ``kv_cache_dtype`` (auto, fp8)
-dtype                   ``dtype`` (float32, bfloat16)
-deterministic           ``VLLM_BATCH_INVARIANT=1`` in the child's environment (CUDA only)
-model                   a checkpoint made here (dense, hybrid) or a path to one
-[engine_args]           passed through as they are, last
-======================  =====================================================================
+The harness process never imports vllm: ``child.py`` runs under ``.venv-vllm`` (``make vllm-env``;
+``$KVMATRIX_VLLM_PYTHON`` names another interpreter, a GPU runner's CUDA vllm say) and answers
+line-delimited JSON. A child that dies, hangs past the cell's timeout or answers what the protocol does not
+allow is stopped with its whole process group (``harness.sut.process``) and the cell becomes an ``error`` row
+carrying the child's stderr tail; nothing outlives the cell, Ctrl-C and a killed harness included. What each
+factor maps to: ``arguments``.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -39,23 +19,19 @@ from pathlib import Path
 import torch
 
 from fixtures.workloads import Workload
-from harness.matrix.levels import VLLM
-from harness.sut.base import PassResult, Totals, Traits
-from harness.sut.checkpoints import checkpoint_dir
+from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
+from harness.sut.process import ProcessGroup
+from harness.sut.vllm import LEVELS, PYTHON_ENV, vllm_python
+from harness.sut.vllm.arguments import engine_arguments
 from reference_impl.request import RequestOutput, RequestSpec
 
-PYTHON_ENV = "KVMATRIX_VLLM_PYTHON"
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-CHILD = Path(__file__).with_name("vllm_child.py")
+CHILD = Path(__file__).with_name("child.py")
 #: the top logprobs asked per step: the top-2 margin tells a tie from a divergence.
 TOP_LOGPROBS = 2
 #: characters of the child's stderr an error row carries.
 STDERR_TAIL = 3000
 #: seconds a closing child gets before its process group is killed.
 CLOSE_GRACE_S = 10.0
-#: the ngram level's prompt lookup: suffix n-grams of 2 to 4 tokens.
-NGRAM_LOOKUP = (2, 4)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -63,57 +39,19 @@ class EngineChildError(RuntimeError):
     """The vLLM child died, hung up or answered outside the protocol; the message says which, with its stderr."""
 
 
-def vllm_python() -> Path:
-    """The interpreter of vLLM's environment: ``$KVMATRIX_VLLM_PYTHON``, else ``.venv-vllm``."""
-    return Path(os.environ.get(PYTHON_ENV) or DEFAULT_PYTHON)
-
-
-def speculative_config(levels: Mapping[str, object]) -> dict | None:
-    """``speculative_config`` for the cell's ``spec`` level, None without speculative decoding."""
-    spec, k = levels["spec"], levels["num_draft_tokens"]
-    if spec == "none":
-        return None
-    if spec == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": NGRAM_LOOKUP[0],
-                "prompt_lookup_max": NGRAM_LOOKUP[1]}
-    if spec == "eagle":
-        return {"method": "eagle", "model": str(checkpoint_dir("eagle")), "num_speculative_tokens": k}
-    draft = levels["model"] if spec == "self" else "draft"
-    return {"method": "draft_model", "model": str(checkpoint_dir(str(draft))), "num_speculative_tokens": k}
-
-
-def engine_arguments(levels: Mapping[str, object], engine_args: Mapping[str, object]) -> dict:
-    """``vllm.LLM`` keyword arguments for a cell's full levels, ``[engine_args]`` last."""
-    args = {
-        "model": str(checkpoint_dir(str(levels["model"]))),
-        "enable_prefix_caching": levels["cache"] == "device",
-        "block_size": levels["page_size"],
-        "max_num_batched_tokens": levels["prefill_budget"],
-        "max_num_seqs": levels["max_num_seqs"],
-        "scheduling_policy": levels["scheduler"],
-        "async_scheduling": levels["async_scheduling"] == "on",
-        "kv_cache_dtype": levels["kv_cache_dtype"],
-        "dtype": levels["dtype"],
-        "seed": 0,
-    }
-    spec = speculative_config(levels)
-    if spec is not None:
-        args["speculative_config"] = spec
-    return {**args, **engine_args}
-
-
 class ChildProcess:
-    """``vllm_child.py`` in a process group of its own; every answer read back, or the reason there is none."""
+    """``child.py`` in a process group of its own (``ProcessGroup``); every answer read back, or the reason there
+    is none."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         python = vllm_python()
         if not python.exists():
             raise EngineChildError(f"no vLLM interpreter at {python} (make vllm-env, or set {PYTHON_ENV})")
         self.stderr = tempfile.TemporaryFile(mode="w+", prefix="kvmatrix-vllm-")
-        # -I: the child's own directory is not put on sys.path (this module there would shadow vllm itself)
-        self.proc = subprocess.Popen([str(python), "-I", str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, text=True, start_new_session=True,
-                                     env={**os.environ, **env})
+        # -I: isolated, so that neither the child's own directory nor $PYTHONPATH puts our modules before vllm's
+        self.group = ProcessGroup([str(python), "-I", str(CHILD)], env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=self.stderr, text=True, grace_s=CLOSE_GRACE_S)
+        self.proc = self.group.proc
 
     def ask(self, message: dict) -> dict:
         """Send one request line and read its answer; a refusal from vLLM raises with its traceback."""
@@ -138,11 +76,7 @@ class ChildProcess:
         return answer
 
     def _exit(self) -> str:
-        try:
-            code = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return "still running"
-        return f"exit {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
+        return self.group.exited(grace_s=5) or "still running"
 
     def tail(self) -> str:
         self.stderr.flush()
@@ -150,7 +84,7 @@ class ChildProcess:
         return self.stderr.read()[-STDERR_TAIL:]
 
     def close(self) -> None:
-        """Ask the child to leave; kill its whole process group if it does not within the grace."""
+        """Ask the child to leave, then stop its whole process group (what it left, or all of it after the grace)."""
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.write(json.dumps({"op": "close"}) + "\n")
@@ -158,9 +92,7 @@ class ChildProcess:
                 self.proc.wait(timeout=CLOSE_GRACE_S)
             except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
                 pass
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        self.group.stop(grace_s=0.0)
         for stream in (self.proc.stdin, self.proc.stdout, self.stderr):
             stream.close()
 
@@ -172,19 +104,20 @@ class VllmEngine:
                  engine_args: Mapping[str, object]) -> None:
         if faults:
             raise ValueError(f"faults are planted in the reference engine; a vllm cell takes none ({', '.join(faults)})")
-        self.levels = VLLM.full(levels)
+        self.levels = LEVELS.full(levels)
         self.arguments = engine_arguments(self.levels, engine_args)
         self.env = {"VLLM_BATCH_INVARIANT": "1"} if self.levels["deterministic"] == "on" else {}
         if device.startswith("cuda"):
             self.env["CUDA_VISIBLE_DEVICES"] = device.partition(":")[2] or "0"
+        page_size = int(self.levels["page_size"])
         self.traits = Traits(
-            dtype=DTYPES[str(self.levels["dtype"])], cache_enabled=self.levels["cache"] == "device",
+            dtype=DTYPES[str(self.levels["dtype"])], model=f"vllm-{self.levels['model']}",
             hybrid=self.levels["model"] == "hybrid", deterministic=self.levels["deterministic"] == "on",
-            page_size=int(self.levels["page_size"]), num_draft_tokens=int(self.levels["num_draft_tokens"]),
+            spec=SpecTraits(method=str(self.levels["spec"]), k=int(self.levels["num_draft_tokens"]), pass_counted=True),
             # vLLM keeps a Mamba state at every block boundary (mamba_cache_mode "align"): the snapshot grid is the block
-            chunk_size=int(self.levels["page_size"]), state_interval=int(self.levels["page_size"]),
-            spec=str(self.levels["spec"]), model=f"vllm-{self.levels['model']}", audited=False,
-            pass_counted=True,
+            cache=CacheTraits(enabled=self.levels["cache"] == "device", page_size=page_size, chunk_size=page_size,
+                              state_interval=page_size),
+            audited=False,
         )
         self.children: dict[bool, ChildProcess] = {}  # alone → its child
 

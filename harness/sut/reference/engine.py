@@ -12,8 +12,8 @@ from contextlib import ExitStack
 from dataclasses import replace
 
 from fixtures.workloads import Workload
-from harness.matrix.levels import engine_levels
-from harness.sut.base import PassResult, Totals, Traits
+from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
+from harness.sut.reference import LEVELS
 from reference_impl import registry
 from reference_impl.cache.radix import NoCache
 from reference_impl.cache.stores import FileStore
@@ -30,7 +30,7 @@ def build_engine_config(
     levels: Mapping[str, object], workload: Workload, faults: frozenset[str], device: str = "cpu"
 ) -> EngineConfig:
     """Resolve every factor through the registry and size the pools for ``workload`` on ``device``."""
-    full = engine_levels(levels)
+    full = LEVELS.full(levels)
     resolved = {factor: registry.resolve(factor, level) for factor, level in full.items()}
     page_size = resolved.pop("page_size")
     return EngineConfig(
@@ -62,12 +62,13 @@ class ReferenceSystem:
     def __init__(self, config: EngineConfig, levels: Mapping[str, object]) -> None:
         self.engine = make_engine(config)
         self.traits = Traits(
-            dtype=config.dtype, cache_enabled=config.cache is not NoCache, hybrid=config.model.is_hybrid,
-            deterministic=config.deterministic, page_size=config.page_size, num_draft_tokens=config.num_draft_tokens,
-            chunk_size=config.model.mamba.chunk_size, state_interval=config.state_interval,
-            spec=str(engine_levels(levels)["spec"]), model=config.model.name,
-            tiers=tuple(self.engine.cache.lower_tiers), aborts_allowed=config.pd_fail_rate > 0,
-            pd=config.pd is not None, model_cache=True,
+            dtype=config.dtype, model=config.model.name, hybrid=config.model.is_hybrid,
+            deterministic=config.deterministic,
+            spec=SpecTraits(method=str(LEVELS.full(levels)["spec"]), k=config.num_draft_tokens),
+            cache=CacheTraits(enabled=config.cache is not NoCache, page_size=config.page_size,
+                              chunk_size=config.model.mamba.chunk_size, state_interval=config.state_interval,
+                              tiers=tuple(self.engine.cache.lower_tiers), model_cache=True),
+            aborts_allowed=config.pd_fail_rate > 0, pd=config.pd is not None,
         )
 
     def serve(self, rounds: Sequence[Sequence[RequestSpec]]) -> PassResult:
@@ -94,10 +95,7 @@ def _counted(before: EngineStats, after: EngineStats, names: Sequence[str]) -> d
 class ReferenceEngine:
     """The reference engine of one cell: nothing to bring up, a fresh configuration per workload."""
 
-    def __init__(self, levels: Mapping[str, object], faults: frozenset[str], device: str,
-                 engine_args: Mapping[str, object]) -> None:
-        if engine_args:
-            raise ValueError(f"the reference engine takes no [engine_args] (got {', '.join(engine_args)})")
+    def __init__(self, levels: Mapping[str, object], faults: frozenset[str], device: str) -> None:
         self.levels, self.faults, self.device = levels, faults, device
 
     def session(self, workload: Workload) -> ReferenceSession:

@@ -1,7 +1,7 @@
 """``harness locate``: run the few extra cells that settle which combination makes a run's cells fail.
 
 For a failing cell whose failure more than one candidate combination could explain
-(``harness.results.culprits``), change one factor at a time (to the allowed level whose cells failed
+(``harness.results.locate``), change one factor at a time (to the allowed level whose cells failed
 least so far, the golden level first among equals) and run that cell: a factor whose change
 makes the failure go away is part of the cause. That is at most one extra cell per
 factor of the failing cell (k cells for k factors, exact for a deterministic fault); the
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from harness.matrix.model import Cell, MatrixSpec
+from harness.matrix.model import Cell, Matrix
 from harness.results.frame import FACTOR, factor_columns, frame
-from harness.results.culprits import FailureClass, analyze, outcome
+from harness.results.locate import FailureClass, analyze, outcome
 
 #: failing cells probed per failure class at most (each costs up to k extra cells): a trigger with two
 #: factors of two levels each (spec∈{draft, mtp} & cache∈{host, storage}) needs four.
@@ -35,12 +35,12 @@ class LocateResult:
     probes: list[dict]
 
 
-def cell_of(spec: MatrixSpec, row: Mapping) -> Cell:
+def cell_of(matrix: Matrix, row: Mapping) -> Cell:
     """A row's cell, with the matrix's factor order."""
-    return Cell(tuple((factor, row["factors"][factor]) for factor, _ in spec.factors))
+    return Cell(tuple((factor, row["factors"][factor]) for factor, _ in matrix.factors))
 
 
-def one_factor_changes(spec: MatrixSpec, cell: Cell,
+def one_factor_changes(matrix: Matrix, cell: Cell,
                        failure_rate: Callable[[str, object], float] = lambda factor, level: 0.0
                        ) -> Iterator[tuple[str, Cell]]:
     """For each factor with other levels: ``cell`` with that factor changed, if the constraints allow it.
@@ -48,14 +48,14 @@ def one_factor_changes(spec: MatrixSpec, cell: Cell,
     The new level is the one least associated with the failure so far (``failure_rate``), the golden
     level first among equals: changing ``pd=inproc`` to ``nixl`` would tell nothing when both trigger.
     """
-    for i, (factor, levels) in enumerate(spec.factors):
+    for i, (factor, levels) in enumerate(matrix.factors):
         current = cell.factors[i][1]
-        golden = spec.golden.get(factor, _ABSENT)
+        golden = matrix.golden.get(factor, _ABSENT)
         others = [level for level in levels if level != current]
         others.sort(key=lambda level: (failure_rate(factor, level), level != golden, levels.index(level)))
         for level in others:
             changed = Cell((*cell.factors[:i], (factor, level), *cell.factors[i + 1:]))
-            if spec.allows(changed.as_dict()):
+            if matrix.allows(changed.as_dict()):
                 yield factor, changed
                 break
 
@@ -78,7 +78,7 @@ def _unsettled(cls: FailureClass) -> list[str]:
     return [cell for cell in cls.failing if cell not in pinned]
 
 
-def locate(spec: MatrixSpec, rows: Sequence[dict], run_one: Callable[[Cell], dict], probes: Sequence[dict] = (),
+def locate(matrix: Matrix, rows: Sequence[dict], run_one: Callable[[Cell], dict], probes: Sequence[dict] = (),
            max_probed: int = MAX_PROBED) -> LocateResult:
     """Probe up to ``max_probed`` unsettled failing cells per failure class; ``run_one`` runs a cell to a row.
 
@@ -97,7 +97,7 @@ def locate(spec: MatrixSpec, rows: Sequence[dict], run_one: Callable[[Cell], dic
         attempts[name] = attempts.get(name, 0) + 1
         probed.add(cell_id)
         rates = failure_rates([*rows, *probes], name)
-        for factor, changed in one_factor_changes(spec, cell_of(spec, known[cell_id]), rates):
+        for factor, changed in one_factor_changes(matrix, cell_of(matrix, known[cell_id]), rates):
             reused = changed.cell_id in known
             row = known[changed.cell_id] if reused else run_one(changed)
             known[changed.cell_id] = row

@@ -1,0 +1,189 @@
+"""accept_length: a speculative cell's accept length holds against golden-with-this-proposer, warm against cold,
+the workload's measured band and the engine's own counters; each request drafted what its proposer must.
+
+Accept length is "tokens emitted per verification step, bonus token included"
+(``reference_impl.spec.verify.outputs_accept_stats``). An engine that counts per pass only (vLLM's spec_decode
+counters, a server's) is judged on each pass's mean, 1 + accepted / drafts.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fixtures.spec_expect import drafted_trace, ngram_trace
+from harness.oracles.view import Oracle, PassView, first_divergence, verdict
+from harness.results.rows import Verdict
+from reference_impl.request import RequestOutput
+from reference_impl.spec.verify import outputs_accept_stats
+
+#: relative drop of the mean accept length (vs the golden configuration with the same spec
+#: algorithm, and warm vs cold) that fails a cell: greedy verification makes accept history a
+#: function of the tokens, so only near-tie flips in non-deterministic mode may move it at all.
+ACCEPT_TOLERANCE = 0.10
+
+
+#: what fails this oracle, one line (``harness oracles``, docs/reference/oracles.md).
+FAILS_WHEN = (
+    "spec cells only: a pass's mean accept length drops against the golden levels with the same proposer or from "
+    "cold to warm, leaves the band measured for its workload, exceeds k + 1, disagrees with the engine's own "
+    "counters, or a request drafted other than its proposer must (checks: relative, band, trace, recount, drafted)"
+)
+
+def _mean_or_one(outputs: Sequence[RequestOutput]) -> float:
+    """Mean accept length, 1.0 (one token per step, as plain decoding) when nothing was verified."""
+    mean = outputs_accept_stats(outputs).mean_accept_length
+    return 1.0 if mean is None else mean
+
+
+def _movers(got: Sequence[RequestOutput], want: Sequence[RequestOutput]) -> list[dict]:
+    """The requests whose accept length dropped most against the reference, largest drop first."""
+    reference = {o.rid: o for o in want}
+    moved = [(_mean_or_one([reference[o.rid]]) - _mean_or_one([o]), o.rid) for o in got if o.rid in reference]
+    return [{"request": rid, "drop": round(drop, 4)} for drop, rid in sorted(moved, reverse=True)[:3] if drop > 0]
+
+
+def _relative_findings(view: PassView, cold: dict[str, list[RequestOutput]]) -> list[dict]:
+    """Against golden-with-this-proposer and warm against cold: no drop beyond tolerance, never above k + 1."""
+    findings, most = [], view.traits.spec.max_accept_length
+    references = [("golden", view.reference("spec_golden"))]
+    if view.name == "warm" and view.workload in cold:
+        references.append(("cold", cold[view.workload]))
+    for against, reference in references:
+        # only requests present on both sides: a lost request is completeness's finding, not this one's, and one
+        # aborted after failed transfers (PD with pd_fail_rate) decoded nothing to compare
+        present = ({o.rid for o in view.outputs if o.finish_reason != "aborted"}
+                   & {o.rid for o in reference if o.finish_reason != "aborted"})
+        outputs = [o for o in reference if o.rid in present]
+        got = _mean_or_one([o for o in view.outputs if o.rid in present])
+        want = _mean_or_one(outputs)
+        if got < want * (1 - ACCEPT_TOLERANCE):
+            expected = round(want, 4)
+        elif got > most:
+            expected = f"at most {most} (k + 1)"
+        else:
+            continue
+        findings.append({
+            **view.where(), "check": "relative", "against": against, "expected": expected, "got": round(got, 4),
+            "max": most, "histogram": outputs_accept_stats(view.outputs).to_json()["histogram"],
+            "expected_histogram": outputs_accept_stats(outputs).to_json()["histogram"],
+            "movers": _movers(view.outputs, outputs),
+        })
+    return findings
+
+
+def _band_findings(view: PassView) -> list[dict]:
+    """The pass's mean accept length (requests never preempted) inside the band measured for this workload and
+    proposer, not taken from golden."""
+    if view.accept_band is None or any(o.finish_reason == "aborted" for o in view.outputs):
+        return []  # a pass that lost requests to failed transfers does not average over the workload's requests
+    lo, hi = view.accept_band
+    # a preempted request restarts its step grid with a token from prefill: its steps are not the workload's
+    got = _mean_or_one([o for o in view.outputs if o.finish_reason == "length" and not o.preemptions])
+    if lo <= got <= hi:
+        return []
+    return [{**view.where(), "check": "band", "against": "measured band", "expected": f"{lo}..{hi}",
+             "got": round(got, 4), "max": view.traits.spec.max_accept_length,
+             "histogram": outputs_accept_stats(view.outputs).to_json()["histogram"]}]
+
+
+def _recount_findings(view: PassView) -> list[dict]:
+    """The accept accounting agrees with the engine's own counters of decode forwards and emitted tokens."""
+    counters = view.got.counters
+    if not counters:
+        return []
+    finished = [o for o in view.outputs if o.finish_reason == "length"]
+    stats = outputs_accept_stats(finished)
+    books = {
+        "verify steps": (stats.steps, counters["verify_steps"]),
+        "tokens emitted by verify steps": (stats.emitted, counters["verify_emitted"]),
+        "decode forwards": (sum(len(o.accepted) for o in finished), counters["decode_forwards"]),
+        "tokens emitted by decode": (sum(a + 1 for o in finished for a in o.accepted), counters["emitted_tokens"]),
+    }
+    return [{**view.where(), "check": "recount", "against": "engine counters", "what": what, "expected": counted,
+             "got": reported}
+            for what, (reported, counted) in books.items() if reported != counted]
+
+
+def _trace_findings(view: PassView) -> list[dict]:
+    """Per request, each step drafted what the proposer must (ngram: and accepted what prompt lookup implies)."""
+    findings, spec = [], view.traits.spec
+    requested, prompts = view.requested, view.prompts
+    for out in view.outputs:
+        want = requested.get(out.rid)
+        if want is None or out.finish_reason != "length" or out.preemptions or not prompts.get(out.rid):
+            continue  # a preempted request's recompute emits a token from prefill: the step grid restarts
+        if spec.method == "ngram":
+            accepted, drafted = ngram_trace(prompts[out.rid], out.tokens, spec.k, want)
+        else:
+            accepted, drafted = list(out.accepted), drafted_trace(out.accepted, spec.k, want)
+        if (list(out.accepted), list(out.drafted)) != (accepted, drafted):
+            step = first_divergence([*zip(out.accepted, out.drafted), None], [*zip(accepted, drafted), None])
+            findings.append({**view.where(), "check": "trace", "request": out.rid,
+                             "against": "prompt lookup replay" if spec.method == "ngram" else "draft room", "step": step,
+                             "expected": {"accepted": accepted[step:step + 4], "drafted": drafted[step:step + 4]},
+                             "got": {"accepted": out.accepted[step:step + 4], "drafted": out.drafted[step:step + 4]}})
+    return findings
+
+
+def pass_accept_length(counters: dict[str, int] | None) -> float:
+    """Mean accept length of a pass from its counters (vLLM's 1 + accepted / drafts), 1.0 without a draft."""
+    drafts = (counters or {}).get("drafts", 0)
+    return 1.0 + counters["accepted_tokens"] / drafts if drafts else 1.0
+
+
+def _counted_findings(view: PassView, cold: dict[str, dict[str, int] | None]) -> list[dict]:
+    """A pass-counted engine: the pass's mean accept length against golden-with-this-spec and warm against cold
+    (no drop past the tolerance, never above k + 1); the self-draft level exactly k + 1; the measured band."""
+    got, most = pass_accept_length(view.got.counters), view.traits.spec.max_accept_length
+    references = [("golden", pass_accept_length(view.references["spec_golden"].counters))]
+    if view.name == "warm" and cold.get(view.workload) is not None:
+        references.append(("cold", pass_accept_length(cold[view.workload])))
+    found = []
+    for against, want in references:
+        expected = (round(want, 4) if got < want * (1 - ACCEPT_TOLERANCE)
+                    else f"at most {most} (k + 1)" if got > most else None)
+        if expected is not None:
+            found.append({**view.where(), "check": "relative", "against": against, "expected": expected,
+                          "got": round(got, 4), "max": most})
+    exact = most if view.traits.spec.method == "self" else None  # the target drafting for itself: all accepted
+    band = (exact, exact) if exact is not None else view.accept_band
+    if band is not None and not band[0] <= got <= band[1]:
+        found.append({**view.where(), "check": "band",
+                      "against": "k + 1 (self-draft)" if exact is not None else "measured band",
+                      "expected": f"{band[0]}..{band[1]}", "got": round(got, 4), "max": most,
+                      "counters": dict(view.got.counters)})
+    return found
+
+
+def _judge_counted(armed: Sequence[PassView]) -> Verdict:
+    cold_counters = {v.workload: v.got.counters for v in armed if v.name == "cold"}
+    findings = [f for view in armed for f in _counted_findings(view, cold_counters)]
+    if not any(v.got.counters.get("drafts", 0) for v in armed):  # the proposer was never exercised
+        findings.append({"workload": "every workload", "pass": "every pass", "check": "drafted",
+                         "against": f"spec = {armed[0].traits.spec.method}", "expected": "> 0 drafts", "got": 0})
+    means = [pass_accept_length(v.got.counters) for v in armed]
+    return verdict("accept_length", findings, f"mean accept length {min(means):.3f}..{max(means):.3f} as expected",
+                   lambda f: f"{len(f)} finding(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['check']} vs "
+                             f"{f[0]['against']}: {f[0]['got']} (expected {f[0]['expected']})")
+
+
+def judge(views: Sequence[PassView]) -> Verdict:
+    """Spec cells: accept length holds against golden-with-this-spec, warm against cold, the workload's measured
+    band and the engine's own counters; each request drafted (and, for ngram, accepted) what it must."""
+    armed = [v for v in views if "spec_golden" in v.references]
+    if not armed:
+        return Verdict("accept_length", "skip", "no speculative decoding")
+    if all(v.traits.spec.pass_counted for v in armed):
+        return _judge_counted(armed)
+    cold = {v.workload: v.outputs for v in armed if v.name == "cold"}
+    findings, means = [], []
+    for view in armed:
+        means.append(_mean_or_one(view.outputs))
+        findings += _relative_findings(view, cold) + _band_findings(view) + _recount_findings(view)
+        findings += _trace_findings(view)
+    return verdict("accept_length", findings, f"mean accept length {min(means):.3f}..{max(means):.3f} as expected",
+                   lambda f: f"{len(f)} finding(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['check']} vs "
+                             f"{f[0]['against']}: {f[0].get('what') or f[0].get('request') or 'mean accept length'} "
+                             f"{f[0]['got']} (expected {f[0]['expected']})")
+
+
+ORACLE = Oracle("accept_length", FAILS_WHEN, judge)

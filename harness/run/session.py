@@ -1,0 +1,84 @@
+"""One matrix run, opened the same way by ``harness run``, ``harness kill``, ``harness locate`` and the pytest
+session: the matrix loaded and checked runnable on the device, its faults checked, torch configured, and the
+golden runs every cell of the run shares."""
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from harness import sut
+from harness.matrix.file import named_matrix
+from harness.matrix.model import Cell, MatrixError, Matrix, shown_path
+from harness.results.header import (
+    RunHeader, command_line, device_name, file_sha256, git_commit, new_run_id, now, versions,
+)
+from harness.results.rows import CellResult
+from harness.run.cell import configure_torch, run_cell
+from harness.run.golden import GoldenRuns
+from reference_impl.faults import check_faults
+
+
+def check_runnable(matrix: Matrix, device: str) -> None:
+    """Raise ``MatrixError`` (one line) when ``device`` is not here, the engine's program is not, or the engine
+    refuses one of the matrix's levels on it: a matrix that cannot run is refused when it is loaded, never run
+    into error cells."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise MatrixError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device; "
+                              f"run on a GPU machine, or with --device cpu")
+    engine = sut.engine(matrix.engine)
+    problem = engine.launch_problem(matrix.engine_args)
+    if problem is not None:
+        raise MatrixError(f"{shown_path(matrix.path)}: {problem}")
+    levels = [(factor, level) for factor, values in matrix.factors for level in values] + list(matrix.golden.items())
+    for factor, level in levels:
+        reason = engine.levels.refused(device, factor, level)
+        if reason is not None:
+            raise MatrixError(f"{shown_path(matrix.path)}: [factors] {factor}: level {level!r} cannot run on "
+                              f"--device {device}: {reason}")
+
+
+class MatrixRun:
+    """A loaded, runnable matrix on one device with its injected faults, and the golden runs its cells share."""
+
+    def __init__(self, matrix: Matrix, device: str = "cpu", faults: frozenset[str] = frozenset()) -> None:
+        self.matrix = matrix
+        self.device = device
+        self.faults = faults
+        self.goldens = GoldenRuns(device)
+
+    @classmethod
+    def open(cls, matrix: str, *, strength: int | None = None, device: str = "cpu",
+             faults: Iterable[str] = ()) -> MatrixRun:
+        """Load ``matrix`` (a name or a path), refuse it if it cannot run here, check ``faults``; raises
+        ``MatrixError`` or ``UnknownFaultError`` with one line naming the input."""
+        matrix = named_matrix(matrix, strength)
+        check_runnable(matrix, device)
+        checked = check_faults(list(faults))
+        configure_torch()
+        return cls(matrix, device, checked)
+
+    @property
+    def in_process(self) -> bool:
+        """Whether the engine runs in the cell's process (then ``-j`` fills the cores by default)."""
+        return sut.engine(self.matrix.engine).in_process
+
+    def run_cell(self, cell: Cell, on_step: Callable[[str], None] | None = None) -> CellResult:
+        """Plan, run and judge one cell of this run (or any allowed combination of its levels)."""
+        return run_cell(self.matrix, cell, faults=self.faults, goldens=self.goldens, on_step=on_step)
+
+    def header(self, matrix_arg: str, shard: str | None, cells_planned: int,
+               argv: Sequence[str] | None = None) -> RunHeader:
+        """The header of this run about to start (``shard`` as ``I/N`` or None): what a person needs to trust and
+        repeat it."""
+        matrix = self.matrix
+        return RunHeader(
+            run_id=new_run_id(), matrix=matrix.name, matrix_arg=matrix_arg, matrix_file=str(matrix.path),
+            matrix_sha256=file_sha256(matrix.path), mode=matrix.mode, strength=matrix.strength,
+            faults=sorted(self.faults), device=self.device, device_name=device_name(self.device), shard=shard,
+            cells_planned=cells_planned, commit=git_commit(Path(__file__).resolve().parents[1]), date=now(),
+            host=socket.gethostname(), versions=versions(), command=command_line(argv),
+        )

@@ -1,0 +1,191 @@
+"""Any HTTP inference server under test (``engine = "openai"``): started per cell from the matrix file's
+``[server]`` table, driven over its wire format, stopped by its process group.
+
+A cell's server starts on 127.0.0.1 at a free port, in a process group of its own (``harness.sut.process``),
+its output in a log file; the harness waits for its health URL, then serves each workload's passes as HTTP
+requests (a round's requests in flight together) and reads back the tokens, logprobs, cached prompt tokens and
+speculative counters from where the file says they are. Between workloads the server's cache is emptied
+(``reset``) or, without a reset URL, the server is started afresh. A server that exits, never becomes healthy,
+hangs past the cell's timeout or answers a field the format does not allow raises ``ServerError`` naming what
+happened, with the tail of its output; the cell becomes an ``error`` row. Closing stops the whole process
+group, whatever happened (Ctrl-C included): no server outlives its cell.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from fixtures.workloads import Workload
+from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
+from harness.sut.openai import LEVELS
+from harness.sut.openai.launch import Launch, free_port
+from harness.sut.openai.server import ServerProcess
+from harness.sut.openai.wire import API, ServerError, metric_sums, pass_counters, request_output
+from harness.sut.process import LOGS_ENV
+from reference_impl.request import RequestOutput, RequestSpec
+
+#: the top logprobs asked per step: the top-2 margin tells a tie from a divergence.
+TOP_LOGPROBS = 2
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def server_traits(server: Mapping, levels: Mapping[str, object]) -> Traits:
+    """What the oracles know of a server cell, from the levels they read (the factors of ``LEVELS``)."""
+    page_size = int(levels["page_size"])
+    return Traits(
+        dtype=DTYPES[str(levels["dtype"])], model=f"{server['name']}-{levels['model']}",
+        hybrid=levels["model"] == "hybrid", deterministic=levels["deterministic"] == "on",
+        spec=SpecTraits(method=str(levels["spec"]), k=int(levels["num_draft_tokens"]), pass_counted=True),
+        cache=CacheTraits(enabled=levels["cache"] != "off", page_size=page_size, chunk_size=page_size,
+                          state_interval=page_size),
+        audited=False,
+    )
+
+
+class ServerEngine:
+    """A server for one cell: started at the first workload, its cache emptied (or itself restarted) for each next."""
+
+    def __init__(self, levels: Mapping[str, object], faults: frozenset[str], device: str,
+                 server: Mapping[str, object]) -> None:
+        if faults:
+            raise ValueError(f"faults are planted in the reference engine; a server cell takes none ({', '.join(faults)})")
+        self.server = server
+        self.levels = LEVELS.full(levels)
+        self.traits = server_traits(server, self.levels)
+        self.timeout_s = float(server["start_timeout_s"])
+        self.process: ServerProcess | None = None
+        self.served = False  # the running server has served a workload: empty its cache before the next
+        self.starts = 0
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        logs = os.environ.get(LOGS_ENV)
+        self.keeps_logs = bool(logs)
+        if logs:
+            self.log_dir = Path(logs)
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="kvmatrix-server-")
+            self.log_dir = Path(self._tmp.name)
+        ident = json.dumps({"levels": self.levels, "server": server}, sort_keys=True, default=str)
+        name = re.sub(r"[^\w.+-]", "_", str(server["name"]))
+        self.log_stem = f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:10]}"
+
+    def running(self) -> tuple[ServerProcess, float]:
+        """The cell's server, healthy and with an empty cache (started now, reset, or restarted), and the
+        seconds it took to start now (0 when it was running already)."""
+        if self.process is not None and self.served:
+            if self.server["reset"] is None:
+                self._stop()
+            else:
+                self.process.call(self.server["reset"], {}, self.timeout_s, "to the cache reset")
+        started = 0.0
+        if self.process is None:
+            port = free_port()
+            self.launch = Launch(self.server, self.levels, port)
+            self.starts += 1
+            self.process = ServerProcess(self.launch.argv, self.launch.env, port,
+                                         self.log_dir / f"{self.log_stem}-{self.starts}.log")
+            started = self.process.wait_healthy(self.server["health"], self.timeout_s)
+        self.served = True
+        return self.process, started
+
+    def session(self, workload: Workload) -> ServerSession:
+        return ServerSession(self)
+
+    def _stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+    def close(self) -> None:
+        self._stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+class ServerSession:
+    """One workload on the cell's server: a cold cache at the first ``open``; ``alone`` sends one request at a time."""
+
+    def __init__(self, engine: ServerEngine) -> None:
+        self.engine = engine
+        self.opened = False
+
+    def open(self, *, tenant_suffix: str = "", alone: bool = False) -> ServerSystem:
+        if tenant_suffix:
+            raise ValueError("a server cell has no shared store: no second tenant to open")
+        process, started = self.engine.running() if not self.opened or alone else (self.engine.process, 0.0)
+        self.opened = True
+        return ServerSystem(self.engine, process, alone, started)
+
+    def close(self) -> None:
+        pass
+
+
+class ServerSystem:
+    """The running server behind the system-under-test protocol; closing leaves the server to the cell."""
+
+    def __init__(self, engine: ServerEngine, process: ServerProcess, alone: bool, start_seconds: float) -> None:
+        self.engine = engine
+        self.process = process
+        self.alone = alone
+        self.traits = engine.traits
+        self.seconds = {"start": start_seconds, "requests": 0.0}
+
+    def serve(self, rounds: Sequence[Sequence[RequestSpec]]) -> PassResult:
+        server = self.engine.server
+        # a server without a proposer may not export its speculative metrics at all; with one, each must be there
+        counted = server["counters"] if self.traits.spec.method != "none" else {}
+        metric_names = {name: where for name, (kind, where) in counted.items() if kind == "metric"}
+        before = self._metrics() if metric_names else {}
+        outputs: list[RequestOutput] = []
+        counters = {name: 0 for name in counted}
+        began = time.perf_counter()
+        for group in rounds:
+            for batch in ([[r] for r in group] if self.alone else [list(group)]):
+                for output, per_request in self._together(batch):
+                    outputs.append(output)
+                    for name in counters.keys() & per_request.keys():
+                        counters[name] += per_request[name]
+        self.seconds["requests"] += time.perf_counter() - began
+        if metric_names:
+            after = self._metrics()
+            for name, metric in metric_names.items():
+                if metric not in after:
+                    raise ServerError(f"malformed metrics: {server['metrics']} has no {metric!r}")
+                counters[name] = int(round(after[metric] - before.get(metric, 0.0)))
+        return PassResult(outputs=outputs, counters=pass_counters(counters, outputs))
+
+    def _together(self, batch: list[RequestSpec]) -> list[tuple[RequestOutput, dict[str, int]]]:
+        """``batch``'s requests in flight at once, answers in request order. On a timeout or Ctrl-C the threads are
+        left to end with the server's sockets when the cell stops it, never waited on here."""
+        pool = ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="kvmatrix-request")
+        try:
+            return list(pool.map(self._one, batch))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _one(self, request: RequestSpec) -> tuple[RequestOutput, dict[str, int]]:
+        server, launch = self.engine.server, self.engine.launch
+        body = {**API[server["api"]].body(request, TOP_LOGPROBS, server["model_name"]), **launch.request}
+        if server["priority"] is not None:
+            body[server["priority"]] = request.priority
+        doc = self.process.call(server["endpoint"], body, self.engine.timeout_s, f"to request {request.rid!r}")
+        return request_output(server, request, doc, counted=self.traits.spec.method != "none")
+
+    def _metrics(self) -> dict[str, float]:
+        return metric_sums(self.process.text(self.engine.server["metrics"], self.engine.timeout_s))
+
+    def totals(self) -> Totals:
+        kept = [str(self.process.log_path)] if self.engine.keeps_logs else []
+        return Totals(stats={}, seconds=dict(self.seconds), logs=kept)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,69 @@
+"""The reference data plane under test (``engine = "reference"``, the default): every factor of its registry.
+
+It runs in the cell's own process (its PD children aside), so cells fill the cores side by side and faults
+can be planted in it (``reference_impl.faults``).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from harness.sut.base import CellEngine, Engine
+from harness.sut.levels import EngineLevels, LevelError
+from reference_impl import registry
+
+
+def _check(factor: str, level: object) -> None:
+    try:
+        registry.check_level(factor, level)
+    except registry.UnknownLevelError as exc:
+        raise LevelError(str(exc)) from exc
+
+
+def _describe(factor: str) -> str:
+    if factor in registry.COMPONENTS:
+        names = ", ".join(f"`{level}`" for level in registry.COMPONENTS[factor])
+        interface = registry.INTERFACES[factor].rpartition(":")[2]
+        return f"{names}, or {'an' if interface[0] in 'AEIOU' else 'a'} `{interface}` by import path"
+    if factor in registry.VALUE_FACTORS:
+        return f"a positive {registry.VALUE_FACTORS[factor].__name__}"
+    if factor in registry.SWITCH_FACTORS:
+        return ", ".join(f"`{level}`" for level in registry.SWITCH_FACTORS[factor])
+    return "a probability in [0, 1)"
+
+
+LEVELS = EngineLevels(
+    name="reference",
+    defaults=MappingProxyType({
+        "model": "dense", "scheduler": "fcfs", "cache": "off", "pool": "static", "backend": "torch",
+        "page_size": 1, "prefill_budget": 128, "deterministic": "on", "poison": "off", "spec": "none",
+        "num_draft_tokens": 3, "store": "file", "pd": "off", "pd_staging": "off", "decode_tp": 1,
+        "pd_fail_rate": 0.0,
+    }),
+    kept_from_cell=frozenset({"model", "num_draft_tokens", "store"}),
+    factors=tuple(registry.known_factors()),
+    check=_check,
+    describe=_describe,
+)
+
+
+#: a model made here for the real engines (harness.sut.checkpoints) → the reference model level that computes the same
+#: function: DENSE at head_dim 32, named by import path (a level of its own would join every fault matrix's models).
+MADE_MODEL_LEVELS: Mapping[str, str] = MappingProxyType({"dense": "reference_impl.config:DENSE32"})
+
+
+def serving_made_model(levels: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
+    """The reference engine's golden levels serving the weights a real engine's cell was given (its ``model``), for
+    the cross_engine oracle; None for a model the reference does not compute."""
+    model = MADE_MODEL_LEVELS.get(str(levels["model"]))
+    return ("reference", {**LEVELS.golden, "model": model}) if model else None
+
+
+def _open(levels: Mapping[str, object], faults: frozenset[str], device: str,
+          engine_args: Mapping[str, object]) -> CellEngine:
+    from harness.sut.reference.engine import ReferenceEngine
+
+    return ReferenceEngine(levels, faults, device)
+
+
+ENGINE = Engine(levels=LEVELS, open=_open, in_process=True)

@@ -1,0 +1,83 @@
+"""vLLM under test (``engine = "vllm"``): its offline API in a child process of vLLM's own interpreter.
+
+Level names are ours where the meaning is the same; what each maps to is ``arguments``. The harness never
+imports vllm (``engine`` drives ``child.py`` over line-delimited JSON).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+from harness.sut.base import CellEngine, Engine
+from harness.sut.levels import EngineLevels, describe_served, Refusal, TableError, check_served_level
+from harness.sut.reference import serving_made_model
+
+PYTHON_ENV = "KVMATRIX_VLLM_PYTHON"
+DEFAULT_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
+
+CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "cache": ("off", "device"),
+    "spec": ("none", "ngram", "draft", "eagle", "self"),
+    "scheduler": ("fcfs", "priority"),
+    "async_scheduling": ("off", "on"),
+    "kv_cache_dtype": ("auto", "fp8"),
+    "dtype": ("float32", "bfloat16"),
+    "deterministic": ("off", "on"),
+})
+COUNTS = ("page_size", "prefill_budget", "max_num_seqs", "num_draft_tokens")
+
+
+def _check(factor: str, level: object) -> None:
+    check_served_level(factor, level, CHOICES, COUNTS)
+
+
+LEVELS = EngineLevels(
+    name="vllm",
+    defaults=MappingProxyType({
+        "model": "dense", "cache": "off", "page_size": 32, "prefill_budget": 2048, "max_num_seqs": 8,
+        "spec": "none", "num_draft_tokens": 3, "scheduler": "fcfs", "async_scheduling": "off",
+        "kv_cache_dtype": "auto", "dtype": "float32", "deterministic": "off",
+    }),
+    kept_from_cell=frozenset({"model", "num_draft_tokens"}),
+    factors=tuple(sorted([*CHOICES, *COUNTS, "model"])),
+    check=_check,
+    describe=lambda factor: describe_served(factor, CHOICES, COUNTS),
+    refusals=(
+        Refusal("cpu", "page_size", lambda level: isinstance(level, int) and level % 32 != 0,
+                "vLLM's CPU attention backend takes block sizes that are multiples of 32 (16 is refused)"),
+        Refusal("cpu", "deterministic", lambda level: level == "on",
+                "batch invariance (VLLM_BATCH_INVARIANT) needs a CUDA device"),
+    ),
+)
+
+
+def vllm_python() -> Path:
+    """The interpreter of vLLM's environment: ``$KVMATRIX_VLLM_PYTHON``, else ``.venv-vllm``."""
+    return Path(os.environ.get(PYTHON_ENV) or DEFAULT_PYTHON)
+
+
+def _parse_tables(doc: Mapping[str, object], factors: Mapping[str, tuple[object, ...]],
+                  golden: Mapping[str, object]) -> Mapping[str, object]:
+    """``[engine_args]``: ``vllm.LLM`` keyword arguments passed through as they are, after the levels'."""
+    table = doc.get("engine_args", {})
+    if not isinstance(table, dict):
+        raise TableError("[engine_args]", f"expected a table, got {type(table).__name__}")
+    return MappingProxyType(dict(table))
+
+
+def _open(levels: Mapping[str, object], faults: frozenset[str], device: str,
+          engine_args: Mapping[str, object]) -> CellEngine:
+    from harness.sut.vllm.engine import VllmEngine
+
+    return VllmEngine(levels, faults, device, engine_args)
+
+
+def _launch_problem(engine_args: Mapping[str, object]) -> str | None:
+    python = vllm_python()
+    return None if python.exists() else f"no vLLM interpreter at {python} (make vllm-env, or set {PYTHON_ENV})"
+
+
+ENGINE = Engine(levels=LEVELS, open=_open, tables=("engine_args",), parse_tables=_parse_tables,
+                launch_problem=_launch_problem, cross_golden=serving_made_model)

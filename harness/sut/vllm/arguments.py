@@ -1,0 +1,61 @@
+"""What a vLLM cell's levels become: ``vllm.LLM`` keyword arguments, the matrix's ``[engine_args]`` last.
+
+======================  =====================================================================
+cache                   ``enable_prefix_caching`` (off, device)
+page_size               ``block_size``
+prefill_budget          ``max_num_batched_tokens`` (chunked prefill is always on in vLLM V1)
+max_num_seqs            ``max_num_seqs``
+spec, num_draft_tokens  ``speculative_config``: ngram (prompt lookup 2..4), draft (the dense model cut
+                        to one layer), eagle (a seeded EAGLE-1 head), self (the target's own weights as
+                        its draft: every draft token is accepted, accept length exactly k + 1)
+scheduler               ``scheduling_policy`` (the workload's priorities are always passed)
+async_scheduling        ``async_scheduling``
+kv_cache_dtype          ``kv_cache_dtype`` (auto, fp8)
+dtype                   ``dtype`` (float32, bfloat16)
+deterministic           ``VLLM_BATCH_INVARIANT=1`` in the child's environment (CUDA only)
+model                   a checkpoint made here (dense, hybrid) or a path to one
+[engine_args]           passed through as they are, last
+======================  =====================================================================
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from harness.sut.checkpoints import checkpoint_dir
+
+#: the ngram level's prompt lookup: suffix n-grams of 2 to 4 tokens.
+NGRAM_LOOKUP = (2, 4)
+
+
+def speculative_config(levels: Mapping[str, object]) -> dict | None:
+    """``speculative_config`` for the cell's ``spec`` level, None without speculative decoding."""
+    spec, k = levels["spec"], levels["num_draft_tokens"]
+    if spec == "none":
+        return None
+    if spec == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": NGRAM_LOOKUP[0],
+                "prompt_lookup_max": NGRAM_LOOKUP[1]}
+    if spec == "eagle":
+        return {"method": "eagle", "model": str(checkpoint_dir("eagle")), "num_speculative_tokens": k}
+    draft = levels["model"] if spec == "self" else "draft"
+    return {"method": "draft_model", "model": str(checkpoint_dir(str(draft))), "num_speculative_tokens": k}
+
+
+def engine_arguments(levels: Mapping[str, object], engine_args: Mapping[str, object]) -> dict:
+    """``vllm.LLM`` keyword arguments for a cell's full levels, ``[engine_args]`` last."""
+    args = {
+        "model": str(checkpoint_dir(str(levels["model"]))),
+        "enable_prefix_caching": levels["cache"] == "device",
+        "block_size": levels["page_size"],
+        "max_num_batched_tokens": levels["prefill_budget"],
+        "max_num_seqs": levels["max_num_seqs"],
+        "scheduling_policy": levels["scheduler"],
+        "async_scheduling": levels["async_scheduling"] == "on",
+        "kv_cache_dtype": levels["kv_cache_dtype"],
+        "dtype": levels["dtype"],
+        "seed": 0,
+    }
+    spec = speculative_config(levels)
+    if spec is not None:
+        args["speculative_config"] = spec
+    return {**args, **engine_args}
