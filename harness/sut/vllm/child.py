@@ -1,6 +1,6 @@
 """Child program that drives vLLM's offline API for the harness over line-delimited JSON.
 
-Run it with vLLM's interpreter (``.venv-vllm/bin/python harness/sut/vllm_child.py``): it imports
+Run it with vLLM's interpreter (``.venv-vllm/bin/python -I harness/sut/vllm/child.py``): it imports
 only the standard library, vllm and torch, never our packages, since those live in another venv.
 One JSON object per line on stdin, one answer per line on stdout, logs on stderr:
 
