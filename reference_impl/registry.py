@@ -34,8 +34,8 @@ COMPONENTS: dict[str, dict[str, str]] = {
     "cache": {
         "off": "reference_impl.cache.radix:NoCache",
         "device": "reference_impl.cache.radix:RadixCache",
-        "host": "reference_impl.cache.tiered:HostCache",
-        "storage": "reference_impl.cache.storage:StorageCache",
+        "host": "reference_impl.cache.host_cache:HostCache",
+        "storage": "reference_impl.cache.storage_cache:StorageCache",
     },
     "store": {
         "file": "reference_impl.cache.stores:FileStore",
