@@ -38,8 +38,8 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "storage": "reference_impl.cache.storage_cache:StorageCache",
     },
     "store": {
-        "file": "reference_impl.cache.stores:FileStore",
-        "redis": "reference_impl.cache.stores:RedisStore",
+        "file": "reference_impl.cache.store.backends:FileStore",
+        "redis": "reference_impl.cache.store.backends:RedisStore",
     },
     "pool": {
         "static": "reference_impl.memory.static:StaticPools",
@@ -68,7 +68,7 @@ INTERFACES: dict[str, str] = {
     "model": "reference_impl.config:ModelConfig",
     "scheduler": "reference_impl.engine.queue:SchedulerQueue",
     "cache": "reference_impl.cache.prefix_cache:PrefixCache",
-    "store": "reference_impl.cache.store:Store",
+    "store": "reference_impl.cache.store.base:Store",
     "pool": "reference_impl.memory.pool:Pool",
     "backend": "reference_impl.attention.backend:AttentionBackend",
     "pd": "reference_impl.pd.kv_transport:Transport",

@@ -16,7 +16,7 @@ from harness.matrix.levels import engine_levels
 from harness.sut.base import PassResult, Totals, Traits
 from reference_impl import registry
 from reference_impl.cache.radix import NoCache
-from reference_impl.cache.stores import FileStore
+from reference_impl.cache.store.backends import FileStore
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine, EngineStats
 from reference_impl.pd.disagg import DisaggEngine
