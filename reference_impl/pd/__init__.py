@@ -1,6 +1,6 @@
 """PD disaggregation: a prefill engine and a decode engine, and the KV handoff between them.
 
-Bottom to top: ``transfer`` (the state machine and the messages), ``wire`` (which bytes of a
+Bottom to top: ``handoff`` (one request's state machine and the messages), ``wire`` (which bytes of a
 request cross, in canonical order), ``staging`` (the decode side's ring on an even chunk grid),
 ``decode`` (the decode server), ``prefill`` (the prefill engine and the KV sender), ``kv_transport``
 (the transport interface), ``transport`` (``inproc``), ``remote`` (the decode server in a child process), ``nixl/`` and ``mooncake/`` (pages

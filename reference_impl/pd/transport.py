@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from reference_impl.config import EngineConfig
 from reference_impl.memory.layout import Block, RegionTable
 from reference_impl.pd.decode import DecodeServer
-from reference_impl.pd.transfer import ChunkHeader
+from reference_impl.pd.handoff import ChunkHeader
 
 #: the ``pd = off`` level: no transport, one engine
 NO_DISAGGREGATION = None
