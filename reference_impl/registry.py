@@ -71,7 +71,7 @@ INTERFACES: dict[str, str] = {
     "store": "reference_impl.cache.store.base:Store",
     "pool": "reference_impl.memory.pool:Pool",
     "backend": "reference_impl.attention.backend:AttentionBackend",
-    "pd": "reference_impl.pd.kv_transport:Transport",
+    "pd": "reference_impl.pd.base:Transport",
     "spec": "reference_impl.spec.proposer:Proposer",
 }
 #: dunder methods an interface may require (every other underscore name is the Protocol machinery's).

@@ -5,7 +5,7 @@ another one) and returns it, and ``write`` moves byte blocks from the prefill si
 into the decode side's and then delivers the chunk's notification. The sender and the decode
 server are the same code whatever the transport (SGLang keeps a "fake" backend for tests that
 goes through the same sender and receiver; this is ours). The interface a transport offers is
-``pd.kv_transport.Transport``.
+``pd.base.Transport``.
 """
 from __future__ import annotations
 
