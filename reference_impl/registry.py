@@ -50,8 +50,8 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "triton": "reference_impl.attention.triton_backend:TritonBackend",
     },
     "pd": {
-        "off": "reference_impl.pd.transport:NO_DISAGGREGATION",
-        "inproc": "reference_impl.pd.transport:InprocTransport",
+        "off": "reference_impl.pd.base:NO_DISAGGREGATION",
+        "inproc": "reference_impl.pd.inproc.conn:InprocTransport",
         "nixl": "reference_impl.pd.nixl.conn:NixlTransport",
         "mooncake": "reference_impl.pd.mooncake.conn:MooncakeTransport",
     },

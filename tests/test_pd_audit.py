@@ -10,7 +10,7 @@ import torch
 from harness.run.oracles import ORACLES, PassView
 from reference_impl.pd import decode as decode_module
 from reference_impl.pd.disagg import DisaggEngine
-from reference_impl.pd.transport import InprocTransport
+from reference_impl.pd.inproc.conn import InprocTransport
 from tests.test_pd import pd_setup
 
 

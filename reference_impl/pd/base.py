@@ -14,6 +14,9 @@ from reference_impl.pd.handoff import Bootstrap, ChunkHeader
 from reference_impl.pd.wire import WireLayout
 from reference_impl.request import RequestOutput, RequestSpec
 
+#: the ``pd = off`` level: no transport, one engine
+NO_DISAGGREGATION = None
+
 
 class DecodeSide(Protocol):
     """What the prefill side drives on the decode server, in this process (DecodeServer) or another (RemoteDecode)."""

@@ -1,4 +1,4 @@
-"""Transports: how the prefill side's blocks reach the decode side, and where the decode side lives.
+"""``pd = inproc``: both engines in this process; blocks are copied byte for byte between their regions.
 
 A transport does two things: ``connect`` starts the decode server (in this process, or in
 another one) and returns it, and ``write`` moves byte blocks from the prefill side's regions
@@ -15,9 +15,6 @@ from reference_impl.config import EngineConfig
 from reference_impl.memory.layout import Block, RegionTable
 from reference_impl.pd.decode import DecodeServer
 from reference_impl.pd.handoff import ChunkHeader
-
-#: the ``pd = off`` level: no transport, one engine
-NO_DISAGGREGATION = None
 
 
 class InprocTransport:
