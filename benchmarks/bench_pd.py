@@ -26,7 +26,7 @@ from harness.sut.reference.engine import build_engine_config  # noqa: E402
 from harness.run.cell import configure_torch  # noqa: E402
 from reference_impl import registry  # noqa: E402
 from reference_impl.pd.disagg import DisaggEngine  # noqa: E402
-from reference_impl.pd.transport import InprocTransport  # noqa: E402
+from reference_impl.pd.inproc.conn import InprocTransport  # noqa: E402
 
 REPEATS = 5
 #: layout → (levels, pages moved): head slices are 64-byte blocks, so fewer pages keep the run short

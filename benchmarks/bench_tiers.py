@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 from harness.sut.reference.engine import build_engine_config  # noqa: E402
 from harness.run.cell import configure_torch  # noqa: E402
 from fixtures.workloads import load_workload  # noqa: E402
-from reference_impl.cache.stores import FileStore, RedisStore, StoreError  # noqa: E402
+from reference_impl.cache.store.backends import FileStore, RedisStore, StoreError  # noqa: E402
 from reference_impl.engine.llm_engine import Engine  # noqa: E402
 from reference_impl.request import TIERS, RequestSpec  # noqa: E402
 

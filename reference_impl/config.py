@@ -119,7 +119,7 @@ class EngineConfig:
     spec: type | None = None       # the proposer class (reference_impl.spec); None = plain decoding
     num_draft_tokens: int = 3      # k: draft tokens proposed per verify step
     host_pages: int | None = None  # L2 (cache=host, storage) capacity in pages; None: unbounded
-    store: type | None = None      # the L3 backend class (reference_impl.cache.stores); used only by cache=storage
+    store: type | None = None      # the L3 backend class (reference_impl.cache.store.backends); used only by cache=storage
     store_location: str | None = None  # its directory or URL; None: the backend's default
     tenant: str = "default"        # the store namespace this engine reads and writes
     pd: type | None = None         # PD disaggregation: the KV transport class (reference_impl.pd); None = one engine

@@ -34,12 +34,12 @@ COMPONENTS: dict[str, dict[str, str]] = {
     "cache": {
         "off": "reference_impl.cache.radix:NoCache",
         "device": "reference_impl.cache.radix:RadixCache",
-        "host": "reference_impl.cache.tiered:HostCache",
-        "storage": "reference_impl.cache.storage:StorageCache",
+        "host": "reference_impl.cache.host_cache:HostCache",
+        "storage": "reference_impl.cache.storage_cache:StorageCache",
     },
     "store": {
-        "file": "reference_impl.cache.stores:FileStore",
-        "redis": "reference_impl.cache.stores:RedisStore",
+        "file": "reference_impl.cache.store.backends:FileStore",
+        "redis": "reference_impl.cache.store.backends:RedisStore",
     },
     "pool": {
         "static": "reference_impl.memory.static:StaticPools",
@@ -50,8 +50,8 @@ COMPONENTS: dict[str, dict[str, str]] = {
         "triton": "reference_impl.attention.triton_backend:TritonBackend",
     },
     "pd": {
-        "off": "reference_impl.pd.transport:NO_DISAGGREGATION",
-        "inproc": "reference_impl.pd.transport:InprocTransport",
+        "off": "reference_impl.pd.base:NO_DISAGGREGATION",
+        "inproc": "reference_impl.pd.inproc.conn:InprocTransport",
         "nixl": "reference_impl.pd.nixl.conn:NixlTransport",
         "mooncake": "reference_impl.pd.mooncake.conn:MooncakeTransport",
     },
@@ -68,10 +68,10 @@ INTERFACES: dict[str, str] = {
     "model": "reference_impl.config:ModelConfig",
     "scheduler": "reference_impl.engine.queue:SchedulerQueue",
     "cache": "reference_impl.cache.prefix_cache:PrefixCache",
-    "store": "reference_impl.cache.store:Store",
+    "store": "reference_impl.cache.store.base:Store",
     "pool": "reference_impl.memory.pool:Pool",
     "backend": "reference_impl.attention.backend:AttentionBackend",
-    "pd": "reference_impl.pd.kv_transport:Transport",
+    "pd": "reference_impl.pd.base:Transport",
     "spec": "reference_impl.spec.proposer:Proposer",
 }
 #: dunder methods an interface may require (every other underscore name is the Protocol machinery's).

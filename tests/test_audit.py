@@ -105,7 +105,7 @@ def one_cell(tmp_path: Path, workload: str, **factors: str) -> tuple:
 
 def test_a_hit_lost_in_a_capped_pass_fails_cached_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """burst evicts L1 under its 256-token pool, but L2 keeps every page: the warm pass must hit everything."""
-    from reference_impl.cache.tiered import HostCache
+    from reference_impl.cache.host_cache import HostCache
 
     matrix, cell = one_cell(tmp_path, "burst", cache="host", deterministic="off")
     assert run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"].status == "pass"
@@ -116,7 +116,7 @@ def test_a_hit_lost_in_a_capped_pass_fails_cached_tokens(tmp_path: Path, monkeyp
 
 def test_a_head_the_store_loses_after_a_second_spill_fails_cached_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """spill_rounds' third round must reload its head from L3 once L1 and L2 both dropped it."""
-    from reference_impl.cache.storage import StorageCache
+    from reference_impl.cache.storage_cache import StorageCache
 
     matrix, cell = one_cell(tmp_path, "spill_rounds", cache="storage", deterministic="off")
     assert run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns()).oracles["cached_tokens"].status == "pass"

@@ -95,7 +95,7 @@ def test_the_model_predicts_a_pd_prefill_side_too(name: str, cache: str) -> None
     from dataclasses import replace
 
     from reference_impl.pd.disagg import DisaggEngine
-    from reference_impl.pd.transport import InprocTransport
+    from reference_impl.pd.inproc.conn import InprocTransport
 
     workload = random_sequential(14) if name == "random14" else load_workload(name)
     config = build_engine_config({"page_size": 16, "cache": cache, "prefill_budget": 32}, workload, frozenset())

@@ -21,9 +21,9 @@ from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine
 from reference_impl.memory.layout import TransferLayoutError
 from reference_impl.pd.disagg import DisaggEngine
+from reference_impl.pd.handoff import Transfer, TransferState, TransferStateError, TransportError
+from reference_impl.pd.inproc.conn import InprocTransport
 from reference_impl.pd.staging import StagingIntegrityError, StagingRing, grid_cells
-from reference_impl.pd.transfer import Transfer, TransferState, TransferStateError, TransportError
-from reference_impl.pd.transport import InprocTransport
 from reference_impl.pd.wire import page_kv_blocks
 from reference_impl.request import RequestSpec
 

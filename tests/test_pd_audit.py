@@ -11,7 +11,7 @@ from harness.oracles import oracles
 from harness.oracles.view import PassView
 from reference_impl.pd import decode as decode_module
 from reference_impl.pd.disagg import DisaggEngine
-from reference_impl.pd.transport import InprocTransport
+from reference_impl.pd.inproc.conn import InprocTransport
 from tests.test_oracles import view
 from tests.test_pd import pd_setup
 

@@ -15,7 +15,7 @@ import torch
 from fixtures.workloads import load_workload
 from harness.sut.reference.engine import build_engine_config
 from harness.run.serve import run_workload
-from reference_impl.cache.stores import FileStore, RedisStore, StoreError
+from reference_impl.cache.store.backends import FileStore, RedisStore, StoreError
 from reference_impl.engine.llm_engine import Engine
 from tests.binaries import required_binary
 

@@ -9,8 +9,8 @@ import torch
 from fixtures.workloads import CachedExpectation, load_workload
 from harness.oracles.cached_tokens import judge as cached_tokens_oracle
 from harness.run.serve import run_workload
+from reference_impl.cache.host_cache import HostCache, WriteBackHostCache
 from reference_impl.cache.radix import MatchResult
-from reference_impl.cache.tiered import HostCache, WriteBackHostCache
 from reference_impl.config import DENSE, HYBRID
 from reference_impl.memory.host import HostPool, PageMover, page_hashes
 from reference_impl.memory.static import StaticPools
@@ -148,7 +148,7 @@ def test_l2_pressure_loses_the_oldest_evicted_prefix() -> None:
 @pytest.mark.parametrize("model, spec, pool, cache", [
     ("dense", "draft", "unified", "host"),
     ("hybrid", "mtp", "static", "host"),
-    ("hybrid", "draft", "unified", "reference_impl.cache.tiered:WriteBackHostCache"),
+    ("hybrid", "draft", "unified", "reference_impl.cache.host_cache:WriteBackHostCache"),
 ])
 def test_warm_pass_from_l2_matches_the_cold_pass_bitwise(model: str, spec: str, pool: str, cache: str) -> None:
     levels = {"cache": cache, "model": model, "spec": spec, "pool": pool, "page_size": 16}

@@ -26,8 +26,8 @@ from reference_impl.memory.engine_pools import EnginePools
 from reference_impl.memory.layout import Block, RegionTable, ViewGeometry
 from reference_impl.memory.pool import MovingPool, Pool, physical_pages
 from reference_impl.memory.static import IdAllocator
+from reference_impl.pd.handoff import Bootstrap, ChunkHeader, TransferStateError
 from reference_impl.pd.staging import StagingRing, grid_cells
-from reference_impl.pd.transfer import Bootstrap, ChunkHeader, TransferStateError
 from reference_impl.pd.wire import WireLayout, aux_width, decode_aux, kv_parts, page_kv_blocks, piece_bytes
 from reference_impl.request import Phase, Request, RequestOutput, RequestSpec
 

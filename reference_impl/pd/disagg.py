@@ -17,9 +17,9 @@ from dataclasses import dataclass, fields
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import EngineStallError, EngineStats
 from reference_impl.faults import PD_PARTIAL_PAGE_EARLY
+from reference_impl.pd.handoff import Transfer, TransferFailed, TransferState
 from reference_impl.pd.ledger import DECODE_COUNTS, AttemptRecord, PassLedger
 from reference_impl.pd.prefill import KVSender, PrefillEngine
-from reference_impl.pd.transfer import Transfer, TransferFailed, TransferState
 from reference_impl.request import RequestOutput, RequestSpec
 
 

@@ -20,8 +20,8 @@ from reference_impl.engine.llm_engine import Engine
 from reference_impl.faults import PD_DRAFT_STATE_NOT_SENT, PD_MAMBA_STATE_EARLY, PD_STAGING_GRID_SHIFT
 from reference_impl.memory.layout import Block, RegionTable, ViewGeometry, state_blocks
 from reference_impl.pd.decode import gate_moves, handoff_pages, handoff_state
+from reference_impl.pd.handoff import IN_FLIGHT, ChunkHeader, Transfer, TransferFailed, TransferState
 from reference_impl.pd.staging import grid_cells
-from reference_impl.pd.transfer import IN_FLIGHT, ChunkHeader, Transfer, TransferFailed, TransferState
 from reference_impl.pd.wire import (
     WireLayout,
     aux_width,

@@ -22,7 +22,7 @@ import torch
 from reference_impl.config import EngineConfig
 from reference_impl.memory.layout import RegionTable
 from reference_impl.pd.decode import DecodeServer
-from reference_impl.pd.transfer import TransportError
+from reference_impl.pd.handoff import TransportError
 from reference_impl.request import RequestOutput
 
 #: seconds the child may take to start (it builds its engine) and to answer a call

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from reference_impl.pd.transfer import StagingRegion
+from reference_impl.pd.handoff import StagingRegion
 
 
 class StagingIntegrityError(AssertionError):

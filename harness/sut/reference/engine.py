@@ -16,7 +16,7 @@ from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
 from harness.sut.reference import LEVELS
 from reference_impl import registry
 from reference_impl.cache.radix import NoCache
-from reference_impl.cache.stores import FileStore
+from reference_impl.cache.store.backends import FileStore
 from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine, EngineStats
 from reference_impl.pd.disagg import DisaggEngine

@@ -13,8 +13,8 @@ import os
 from collections.abc import Sequence
 
 from reference_impl.memory.layout import Block
+from reference_impl.pd.handoff import ChunkHeader, TransportError
 from reference_impl.pd.remote import ChildTransport
-from reference_impl.pd.transfer import ChunkHeader, TransportError
 
 # Mooncake logs through glog to stderr, every handshake at INFO: only errors in a run's output (one
 # remains per engine at start-up, "Local segment descriptor not found", which is harmless).

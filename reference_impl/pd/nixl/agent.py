@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from reference_impl.pd.transfer import TransportError
+from reference_impl.pd.handoff import TransportError
 
 # NIXL logs INFO lines to stdout (into the harness's progress line) unless told otherwise before its
 # first import; importing this module is enough.

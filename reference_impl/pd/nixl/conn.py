@@ -12,9 +12,9 @@ import itertools
 from collections.abc import Sequence
 
 from reference_impl.memory.layout import Block
+from reference_impl.pd.handoff import ChunkHeader, TransportError
 from reference_impl.pd.nixl.agent import NixlEndpoint, descriptors
 from reference_impl.pd.remote import ChildTransport
-from reference_impl.pd.transfer import ChunkHeader, TransportError
 
 
 class NixlTransport(ChildTransport):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from reference_impl.cache.stores import StoreError
-from reference_impl.cache.tiered import Copies, HostCache, LoadPlan
+from reference_impl.cache.host_cache import Copies, HostCache, LoadPlan
+from reference_impl.cache.store.backends import StoreError
 from reference_impl.faults import TENANT_NAMESPACE_DROPPED
 
 

@@ -12,7 +12,7 @@ import torch
 
 
 class Store(Protocol):
-    """Lists of CPU tensors under ``tenant/pool/page-hash`` keys; the tiered cache owns what it reads.
+    """Lists of CPU tensors under ``tenant/pool/page-hash`` keys; the storage cache owns what it reads.
 
     Ownership. A value passed to ``batch_set`` is the store's copy from then on (the caller may
     reuse its tensors); a value ``batch_get`` returns is the caller's. A store that cannot answer

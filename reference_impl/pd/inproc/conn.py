@@ -1,11 +1,11 @@
-"""Transports: how the prefill side's blocks reach the decode side, and where the decode side lives.
+"""``pd = inproc``: both engines in this process; blocks are copied byte for byte between their regions.
 
 A transport does two things: ``connect`` starts the decode server (in this process, or in
 another one) and returns it, and ``write`` moves byte blocks from the prefill side's regions
 into the decode side's and then delivers the chunk's notification. The sender and the decode
 server are the same code whatever the transport (SGLang keeps a "fake" backend for tests that
 goes through the same sender and receiver; this is ours). The interface a transport offers is
-``pd.kv_transport.Transport``.
+``pd.base.Transport``.
 """
 from __future__ import annotations
 
@@ -14,10 +14,7 @@ from collections.abc import Sequence
 from reference_impl.config import EngineConfig
 from reference_impl.memory.layout import Block, RegionTable
 from reference_impl.pd.decode import DecodeServer
-from reference_impl.pd.transfer import ChunkHeader
-
-#: the ``pd = off`` level: no transport, one engine
-NO_DISAGGREGATION = None
+from reference_impl.pd.handoff import ChunkHeader
 
 
 class InprocTransport:

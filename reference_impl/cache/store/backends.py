@@ -3,9 +3,9 @@
 Keys are ``tenant/pool/page-hash``: the chained page hash names a prefix, the pool name the
 layout whose tensors the value holds, and the tenant namespace keeps one tenant's prefixes
 from another's. Values are lists of tensors. A backend that fails raises ``StoreError``; the
-tiered cache turns that into a miss (it never trusts a partial answer). A user's backend is
-any class with these three methods and this constructor (``cache.store.Store``), named by import
-path in a matrix file.
+storage cache (``cache.storage_cache``) turns that into a miss (it never trusts a partial answer).
+A user's backend is any class with these three methods and this constructor
+(``cache.store.base.Store``), named by import path in a matrix file.
 """
 from __future__ import annotations
 

@@ -10,9 +10,12 @@ from typing import Protocol
 
 from reference_impl.config import EngineConfig
 from reference_impl.memory.layout import Block, RegionTable
-from reference_impl.pd.transfer import Bootstrap, ChunkHeader
+from reference_impl.pd.handoff import Bootstrap, ChunkHeader
 from reference_impl.pd.wire import WireLayout
 from reference_impl.request import RequestOutput, RequestSpec
+
+#: the ``pd = off`` level: no transport, one engine
+NO_DISAGGREGATION = None
 
 
 class DecodeSide(Protocol):
