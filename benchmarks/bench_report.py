@@ -22,7 +22,7 @@ from reports.html import write_report  # noqa: E402
 from harness.results.locate import analyze  # noqa: E402
 from harness.results.reader import summarize  # noqa: E402
 from tests import report_rows  # noqa: E402
-from tests.test_browser import FLAGS  # noqa: E402
+from tests.reports.test_browser import FLAGS  # noqa: E402
 
 SIZES = (500, 5000)
 

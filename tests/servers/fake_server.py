@@ -1,4 +1,4 @@
-"""A stand-in inference server for tests/test_server.py: OpenAI completions over HTTP, and every way to fail.
+"""A stand-in inference server for tests/harness/sut/openai/test_engine.py: OpenAI completions over HTTP, and every way to fail.
 
 ``python fake_server.py PORT MODE PIDFILE``. Its tokens are a fixed function of the prompt (so its golden
 runs agree with its cells); MODE makes it misbehave: ``ok``; ``exit`` (exits before it is healthy);

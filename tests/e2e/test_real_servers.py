@@ -1,0 +1,100 @@
+"""The real servers under engine = "openai": vLLM's api_server (``make vllm-env``) and llama.cpp's llama-server
+(``make llama-server``). Their smoke matrices run to verdicts (pass or a declared xfail) with no server process
+left afterwards, and the reference engine, vLLM's server and llama.cpp's agree token for token on the exported
+dense model (fp32, flash attention off). Each skips without its server, except under CI=true, where that fails.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fixtures.workloads import load_workload
+from harness.matrix.file import load_matrix
+from harness.run.serve import run_workload
+from harness.sut import process, vllm
+from harness.sut.openai import launch
+from harness.sut.reference import serving_made_model
+from tests.binaries import required_path
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one real engine at a time
+#: what each server's processes have on their command line.
+SERVER_COMMANDS = ("vllm.entrypoints.openai.api_server", "llama-server")
+
+
+def needs_vllm() -> None:
+    required_path(vllm.vllm_python(), "vllm-env")
+
+
+def needs_llama_server() -> None:
+    required_path(launch.llama_server_path(), "llama-server")
+
+
+def running_servers(report: Path) -> list[str]:
+    """Command lines of the live (not zombie) server processes a run into ``report`` started: their environment
+    holds the run's log directory (``harness run`` sets it), which tells them from any other run's."""
+    marker = f"{process.LOGS_ENV}={report.resolve()}".encode()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (proc / "environ").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if marker in environ and any(name in cmdline for name in SERVER_COMMANDS) and process.is_live(int(proc.name)):
+            found.append(cmdline)
+    return found
+
+
+def run_smoke(tmp_path: Path, matrix: str) -> dict[str, str]:
+    from harness.cli.main import main
+
+    report = tmp_path / "out"
+    code = main(["run", "--matrix", matrix, "--report-dir", str(report)])
+    rows = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
+    statuses = {row["cell_id"]: row["status"] for row in rows}
+    assert running_servers(report) == [], "a server outlived its cell"
+    assert code == 0 and set(statuses.values()) <= {"pass", "xfail"}, statuses
+    assert all(Path(log).is_file() for row in rows for log in row["metrics"].get("server_logs", []))
+    return statuses
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_vllm_server_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
+    needs_vllm()
+    statuses = run_smoke(tmp_path, "vllm_server_smoke")
+    assert len(statuses) == 3 and list(statuses.values()) == ["pass"] * 3, statuses
+
+
+@pytest.mark.llamacpp
+@pytest.mark.slow
+def test_the_llamacpp_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
+    needs_llama_server()
+    statuses = run_smoke(tmp_path, "llamacpp_smoke")
+    assert len(statuses) == 6 and "pass" in statuses.values() and "xfail" in statuses.values(), statuses
+
+
+def golden_tokens(matrix: str, workload: str) -> dict[str, list[int]]:
+    """The golden cell of ``matrix`` (fp32, flash attention off) on ``workload``: request → greedy tokens."""
+    matrix = load_matrix(str(ROOT / "matrices" / f"{matrix}.toml"))
+    run = run_workload(dict(matrix.golden), load_workload(workload), frozenset(), engine=matrix.engine,
+                       engine_args=dict(matrix.engine_args))
+    return {o.rid: o.tokens for o in run.passes["cold"].outputs}
+
+
+@pytest.mark.vllm
+@pytest.mark.llamacpp
+def test_the_reference_vllm_and_llama_cpp_agree_on_the_exported_dense_model() -> None:
+    needs_vllm()
+    needs_llama_server()
+    workloads = ("system_prompt", "repeated_phrases")
+    for workload in workloads:
+        reference = run_workload(serving_made_model({"model": "dense"})[1], load_workload(workload),
+                                 frozenset())
+        want = {o.rid: o.tokens for o in reference.passes["cold"].outputs}
+        assert golden_tokens("vllm_server_smoke", workload) == want
+        assert golden_tokens("llamacpp_smoke", workload) == want
+        assert sum(len(tokens) for tokens in want.values()) > 0

@@ -1,0 +1,161 @@
+"""Declared known failures and tolerances, for every engine: xfail, strict xpass, failing another way; refusals.
+
+The reference engine with a planted fault stands in for a real engine's real bug: the priority
+scheduler that drops requests (vLLM #49206) fails ``completeness`` on exactly the priority cells.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli.main import main
+from harness.matrix.file import load_matrix
+from harness.matrix.model import MatrixError, generate
+from harness.results.compare import compare
+from harness.results.rows import CellResult, Verdict
+from harness.run.plan import plan_cell
+from harness.run.session import check_runnable
+from tests.harness.cli.test_main import records, write_matrix
+
+DECLARED = """
+[[expected]]
+when = {{ scheduler = "priority" }}
+fails = {fails}
+reason = "vLLM #49206: the priority scheduler silently skips requests"
+"""
+
+
+def declared_matrix(tmp_path: Path, fails: str = '"completeness"') -> Path:
+    path = write_matrix(tmp_path)  # burst: the pool pressure under which the priority scheduler drops requests
+    path.write_text(path.read_text().replace("system_prompt", "burst") + DECLARED.format(fails=fails))
+    return path
+
+
+def test_a_declared_failure_that_fails_so_is_xfail_and_the_run_passes(tmp_path: Path) -> None:
+    report = tmp_path / "out"
+    code = main(["run", "--matrix", str(declared_matrix(tmp_path)), "--report-dir", str(report), "--junit",
+                 str(tmp_path / "junit.xml"), "--inject-fault", "priority_scheduler_drop"])
+    rows = {r["factors"]["scheduler"]: r for r in records(report)}
+    assert code == 0, {k: r["status"] for k, r in rows.items()}
+    assert rows["fcfs"]["status"] == "pass" and rows["priority"]["status"] == "xfail"
+    assert rows["priority"]["expected"]["reason"].startswith("vLLM #49206")
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["counts"]["xfail"] == 1 and summary["failing_cells"] == []
+    junit = (tmp_path / "junit.xml").read_text()
+    assert 'message="xfail: completeness: vLLM #49206' in junit
+    page = (report / "index.html").read_text()
+    assert "declared known failure (completeness): vLLM #49206" in page
+    assert "every cell passed or failed only as declared (1 xfail)" in page  # not "every cell passed"
+
+
+def test_a_declared_failure_that_passes_is_xpass_and_fails_the_run(tmp_path: Path) -> None:
+    report = tmp_path / "out"
+    code = main(["run", "--matrix", str(declared_matrix(tmp_path)), "--report-dir", str(report), "--junit",
+                 str(tmp_path / "junit.xml")])
+    rows = {r["factors"]["scheduler"]: r for r in records(report)}
+    assert code == 1 and rows["priority"]["status"] == "xpass" and rows["fcfs"]["status"] == "pass"
+    assert 'type="xpass"' in (tmp_path / "junit.xml").read_text()
+
+
+def test_a_declared_cell_that_fails_another_way_fails(tmp_path: Path) -> None:
+    report = tmp_path / "out"
+    code = main(["run", "--matrix", str(declared_matrix(tmp_path, '"tokens"')), "--report-dir", str(report),
+                 "--inject-fault", "priority_scheduler_drop"])
+    rows = {r["factors"]["scheduler"]: r for r in records(report)}
+    assert code == 1 and rows["priority"]["status"] == "fail"
+
+
+def test_settle_reads_errors_by_type() -> None:
+    expected = {"when": {}, "fails": ["error: IndexError"], "reason": "r"}
+    errored = CellResult(cell_id="c", matrix="m", factors={}, status="error", expected=expected,
+                         error="Traceback …\nIndexError: tuple index out of range")
+    assert errored.settle().status == "xfail"
+    other = CellResult(cell_id="c", matrix="m", factors={}, status="error", expected=expected, error="KeyError: 'x'")
+    assert other.settle().status == "error"
+    failing = CellResult(cell_id="c", matrix="m", factors={}, status="fail", expected=expected,
+                         oracles={"tokens": Verdict("tokens", "fail", "m")})
+    assert failing.settle().status == "fail"
+
+
+def test_compare_names_declared_failures_that_changed() -> None:
+    row = {"cell_id": "c", "factors": {"f": 1}, "oracles": {}, "metrics": {}}
+    comparison = compare([{**row, "status": "xfail"}], [{**row, "status": "xpass"}])
+    assert comparison.declared == [("c", "xfail", "xpass")] and comparison.new_failures == ["c"]
+
+
+@pytest.mark.parametrize(("entry", "needle"), [
+    ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "tokenz"\nreason = "r"\n', "'tokenz' is neither an oracle"),
+    ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "tokens"\nreason = ""\n', "[[expected]] #1 reason"),
+    ('[[expected]]\nwhen = { pool = "unified" }\nfails = "tokens"\nreason = "r"\n', "factor 'pool' is not in [factors]"),
+    ('[[tolerances]]\nwhen = { scheduler = "priority" }\nreason = "r"\n', "declares neither logprobs nor tie"),
+    ('[[tolerances]]\nwhen = { scheduler = "priority" }\nlogprobs = -1\nreason = "r"\n', "must be a positive number"),
+])
+def test_bad_declarations_name_the_entry(tmp_path: Path, entry: str, needle: str) -> None:
+    path = write_matrix(tmp_path)
+    path.write_text(path.read_text() + entry)
+    with pytest.raises(MatrixError, match="tiny.toml") as caught:
+        load_matrix(str(path))
+    assert needle in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_declared_tolerance_is_the_cells(tmp_path: Path) -> None:
+    path = write_matrix(tmp_path)
+    path.write_text(path.read_text() + '[[tolerances]]\nwhen = { scheduler = "priority" }\nlogprobs = 0.5\n'
+                    'reason = "a lossy level"\n')
+    matrix = load_matrix(str(path))
+    plans = {c.as_dict()["scheduler"]: plan_cell(matrix, c, frozenset()) for c in generate(matrix)}
+    assert plans["priority"].tolerances == {"logprobs": 0.5} and plans["fcfs"].tolerances == {}
+
+
+VLLM = """
+[matrix]
+name = "v"
+engine = "vllm"
+mode = "full"
+workloads = ["system_prompt"]
+
+[factors]
+{factors}
+"""
+
+
+def vllm_matrix(tmp_path: Path, factors: str) -> Path:
+    path = tmp_path / "v.toml"
+    path.write_text(VLLM.format(factors=factors))
+    return path
+
+
+def test_an_engine_takes_only_its_own_factors(tmp_path: Path) -> None:
+    with pytest.raises(MatrixError, match="unknown factor of engine 'vllm'"):
+        load_matrix(str(vllm_matrix(tmp_path, 'pool = ["static"]')))
+    path = vllm_matrix(tmp_path, 'cache = ["off"]')
+    path.write_text(path.read_text().replace('engine = "vllm"', 'engine = "sglang"'))
+    with pytest.raises(MatrixError, match="unknown engine 'sglang'"):
+        load_matrix(str(path))
+
+
+@pytest.mark.parametrize(("factors", "needle"), [
+    ('page_size = [16, 32]', "block sizes that are multiples of 32"),
+    ('deterministic = ["on"]', "needs a CUDA device"),
+])
+def test_a_level_the_device_refuses_is_refused_at_load(tmp_path: Path, factors: str, needle: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    path = vllm_matrix(tmp_path, factors)
+    with pytest.raises(MatrixError, match=needle):
+        check_runnable(load_matrix(str(path)), "cpu")
+    assert main(["run", "--matrix", str(path), "--report-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_device_that_is_not_here_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for machines without it")
+    assert main(["run", "--matrix", str(write_matrix(tmp_path)), "--device", "cuda",
+                 "--report-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "sees no CUDA device" in err and len(err.strip().splitlines()) == 1

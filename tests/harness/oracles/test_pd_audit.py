@@ -1,0 +1,126 @@
+"""pd_audit: PD's own bookkeeping is judged, and each of its checks fails when that bookkeeping is broken on purpose."""
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+
+from harness.oracles import oracles
+from harness.oracles.view import PassView
+from reference_impl.pd import decode as decode_module
+from reference_impl.pd.disagg import DisaggEngine
+from reference_impl.pd.inproc.conn import InprocTransport
+from tests.harness.oracles.test_oracles import view
+from tests.reference_impl.pd.test_disagg import pd_setup
+
+ORACLES = oracles()
+
+
+def served(workload: str = "system_prompt", faults: frozenset[str] = frozenset(), **levels: object) -> list[PassView]:
+    """Both passes of ``workload`` through an in-process PD engine, as the oracle sees them."""
+    specs, config = pd_setup(workload, **levels)
+    pd = DisaggEngine(replace(config, pd=InprocTransport, faults=faults))
+    views = []
+    for name in ("cold", "warm"):
+        outputs = pd.generate(specs)
+        views.append(view(outputs, outputs, workload=workload, name=name, expected_cached={},
+                          requested={s.rid: s.max_new_tokens for s in specs}, prompts={s.rid: s.prompt for s in specs},
+                          page_size=config.page_size, pd_ledger=pd.take_ledger().to_json()))
+    return views
+
+
+def checks(views: list[PassView]) -> set[str]:
+    verdict = ORACLES["pd_audit"](views)
+    return {f["check"] for f in verdict.detail or []} if verdict.status == "fail" else set()
+
+
+@pytest.fixture(scope="module")
+def staged() -> list[PassView]:
+    """A sound run with staging and a warm decode-side hit: every check armed, none failing."""
+    return served(pd_staging="on")
+
+
+def test_a_sound_pd_run_accounts_exactly(staged: list[PassView]) -> None:
+    verdict = ORACLES["pd_audit"](staged)
+    assert verdict.status == "pass", verdict
+    warm = staged[1].got.pd
+    assert sum(a["decode_hit_pages"] for a in warm["attempts"]) > 0, "the warm pass must hit the decode side"
+    assert warm["decode"]["staging_reserved"] == len(warm["attempts"]) > 0
+
+
+def test_without_pd_it_skips() -> None:
+    first = served()[0]
+    assert ORACLES["pd_audit"]([replace(first, got=replace(first.got, pd=None))]).status == "skip"
+
+
+def broken(views: list[PassView], change: object) -> list[PassView]:
+    """A deep copy of ``views`` with ``change(ledger, outputs)`` applied to the warm pass."""
+    views = copy.deepcopy(views)
+    change(views[1].got.pd, views[1].outputs)
+    return views
+
+
+def test_a_page_sent_twice_or_never_fails_pages_sent(staged: list[PassView]) -> None:
+    def resend(ledger: dict, outputs: list) -> None:
+        ledger["attempts"][0]["pages_sent"] += 1
+    assert checks(broken(staged, resend)) == {"pages sent"}
+
+
+def test_a_staging_region_or_metadata_slot_kept_fails(staged: list[PassView]) -> None:
+    def keep(ledger: dict, outputs: list) -> None:
+        ledger["decode"]["staging_released"] -= 1
+        ledger["decode"]["aux_returned"] -= 1
+    assert checks(broken(staged, keep)) == {"staging regions", "metadata slots"}
+
+
+def test_a_cached_token_count_the_prefill_side_did_not_record_fails(staged: list[PassView]) -> None:
+    def report_more(ledger: dict, outputs: list) -> None:
+        outputs[0].cached_tokens += 16
+    assert checks(broken(staged, report_more)) == {"cached_tokens"}
+
+
+def test_an_abort_that_leaves_pages_live_fails(staged: list[PassView]) -> None:
+    def leave(ledger: dict, outputs: list) -> None:
+        ledger["attempts"].append({**ledger["attempts"][0], "attempt": 1, "outcome": "failed",
+                                   "decode_live_after": [3], "prefill_held_after": False})
+    assert checks(broken(staged, leave)) == {"abort left memory"}
+
+
+def test_an_attempt_that_never_ended_fails(staged: list[PassView]) -> None:
+    def hang(ledger: dict, outputs: list) -> None:
+        ledger["attempts"][0]["outcome"] = "in_flight"
+    assert checks(broken(staged, hang)) >= {"attempt never ended"}
+
+
+# -- the same checks against the engine broken for real ------------------------------------------------
+def test_decode_side_reporting_its_own_hit_fails_cached_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's cached_tokens rewritten on the decode side (its own hit instead of the record's)."""
+    decode_aux = decode_module.decode_aux
+
+    def own_hit(row: torch.Tensor, out: object, *args: object) -> torch.Tensor:
+        tail = decode_aux(row, out, *args)
+        out.cached_tokens = out.cached_device = 0
+        return tail
+
+    monkeypatch.setattr(decode_module, "decode_aux", own_hit)
+    assert checks(served()) == {"cached_tokens"}
+
+
+def test_a_metadata_slot_never_freed_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decode_module.DecodeServer, "_free_handoff", lambda self, boot: None)
+    assert checks(served()) == {"metadata slots"}
+
+
+def test_a_prefill_server_with_verify_scratch_fails() -> None:
+    """SGLang #34191, the fault ``pd_prefill_verify_scratch``: nothing but the ledger shows it."""
+    assert checks(served("pair", frozenset({"pd_prefill_verify_scratch"}), model="hybrid", spec="ngram")) == {
+        "prefill verify scratch"}
+    assert checks(served("pair", model="hybrid", spec="ngram")) == set()
+
+
+def test_an_abort_that_caches_its_pages_fails() -> None:
+    """The fault ``pd_abort_caches_pages``: the decode side inserts an aborted attempt's pages into its tree."""
+    assert "abort left memory" in checks(served("long_prompts", frozenset({"pd_abort_caches_pages"}), pd_fail_rate=0.2))
+    assert checks(served("long_prompts", pd_fail_rate=0.2)) == set()

@@ -1,0 +1,243 @@
+"""engine = "openai": the [server] table, the wire formats, and every way a server fails.
+
+A stand-in server (tests/servers/fake_server.py) speaks OpenAI completions and misbehaves on demand: a
+server that exits, never becomes healthy, is killed or hangs mid-pass, or answers malformed JSON must give
+an ``error`` row naming what happened, within the cell's timeout, with no process of its group left.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.matrix.file import load_matrix
+from harness.matrix.model import MatrixError, generate
+from harness.run.golden import GoldenRuns
+from harness.run.cell import run_cell
+from harness.sut.openai.launch import Launch
+from harness.sut.openai.wire import ServerError, field_at, llamacpp_parse, metric_sums, openai_parse, request_output
+from harness.sut.process import is_live
+from reference_impl.request import RequestSpec
+
+FAKE = Path(__file__).resolve().parents[4] / "tests" / "servers" / "fake_server.py"
+
+MATRIX = """
+[matrix]
+name = "s"
+engine = "openai"
+mode = "full"
+workloads = ["pair"]
+timeout_s = {timeout}
+
+[factors]
+model = ["{model}"]
+slots = [1]
+
+[golden]
+slots = 1
+
+[server]
+api = "openai"
+command = ["{python}", "{fake}", "{{port}}", "{mode}", "{pids}", "{{checkpoint}}"]
+health = "/health"
+reset = "/reset"
+start_timeout_s = {start_timeout}
+
+[server.levels.slots]
+flags = ["--slots={{level}}"]
+{extra}
+"""
+
+
+def write_matrix(tmp_path: Path, mode: str = "ok", *, timeout: float = 60, start_timeout: float = 20,
+                 extra: str = "") -> Path:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")  # a checkpoint of its own: no cross_engine reference serves it
+    path = tmp_path / "s.toml"
+    path.write_text(MATRIX.format(timeout=timeout, model=model, python=sys.executable, fake=FAKE, mode=mode,
+                                  pids=tmp_path / "pids", start_timeout=start_timeout, extra=extra))
+    return path
+
+
+def run_one(tmp_path: Path, mode: str, **kwargs) -> tuple[object, float]:
+    matrix = load_matrix(str(write_matrix(tmp_path, mode, **kwargs)))
+    (cell,) = generate(matrix)
+    began = time.perf_counter()
+    row = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    return row, time.perf_counter() - began
+
+
+def alive(tmp_path: Path) -> list[int]:
+    """The stand-in's processes (leader and forked workers) still running."""
+    return [pid for pid in map(int, (tmp_path / "pids").read_text().split()) if is_live(pid)]
+
+
+def test_a_well_behaved_server_is_judged_and_stopped(tmp_path: Path) -> None:
+    row, _ = run_one(tmp_path, "child")
+    assert row.status == "pass", row.error
+    assert row.oracles["tokens"].status == "pass" and row.oracles["cross_engine"].status == "skip"
+    assert len((tmp_path / "pids").read_text().split()) == 2  # the server forked a worker
+    assert alive(tmp_path) == []
+
+
+@pytest.mark.parametrize("mode, needle", [
+    ("exit", "the server ended (exit 1) before /health answered"),
+    ("die:2", "gave no answer to request"),
+    ("not_json", "malformed response to request 'pair-0': not JSON"),
+    ("drop:choices.0.logprobs", "malformed response to request 'pair-0': no field 'logprobs'"),
+    ("drop:usage.prompt_tokens_details", "no field 'usage.prompt_tokens_details.cached_tokens'"),
+    ("drop:choices.0.finish_reason", "no field 'finish_reason'"),
+])
+def test_a_failing_server_is_an_error_cell_naming_what_happened(tmp_path: Path, mode: str, needle: str) -> None:
+    row, _ = run_one(tmp_path, mode)
+    assert row.status == "error" and "ServerError" in row.error and needle in row.error, row.error
+    assert alive(tmp_path) == []
+
+
+def test_the_error_rows_type_is_the_servers_own_exception(tmp_path: Path) -> None:
+    """The server's last exception line ends the error, so ``fails = "error: RuntimeError"`` can declare it."""
+    from harness.results.rows import error_type
+
+    row, _ = run_one(tmp_path, "exit")
+    assert error_type(row.error) == "RuntimeError" and row.error.endswith("RuntimeError: no such model")
+    row, _ = run_one(tmp_path, "unhealthy", start_timeout=1)
+    assert error_type(row.error) == "ServerError"
+
+
+def test_a_killed_server_names_its_last_output(tmp_path: Path) -> None:
+    row, _ = run_one(tmp_path, "die:1")
+    assert row.status == "error" and "server killed by SIGKILL" in row.error and "out of memory" in row.error, row.error
+
+
+def test_a_server_that_never_gets_healthy_is_an_error_within_its_start_timeout(tmp_path: Path) -> None:
+    row, seconds = run_one(tmp_path, "unhealthy", start_timeout=2)
+    assert row.status == "error" and "did not answer /health within 2 s" in row.error
+    assert seconds < 15 and alive(tmp_path) == []
+
+
+def test_a_hung_server_is_an_error_cell_within_the_cell_timeout(tmp_path: Path) -> None:
+    row, seconds = run_one(tmp_path, "hang:2", timeout=4)
+    assert row.status == "error" and "timeout of 4 s" in row.error
+    assert seconds < 4 + 15 and alive(tmp_path) == []
+
+
+def test_ctrl_c_mid_pass_leaves_no_server(tmp_path: Path) -> None:
+    import signal
+    import threading
+
+    matrix = load_matrix(str(write_matrix(tmp_path, "hang:1")))
+    (cell,) = generate(matrix)
+    timer = threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    timer.cancel()
+    assert alive(tmp_path) == []
+
+
+def test_the_launch_renders_levels_placeholders_and_literal_braces(tmp_path: Path) -> None:
+    extra = """
+[server.levels.model]
+flags = ['--cfg={{"n": {num_draft_tokens}, "slots": {slots}}}']
+"""
+    matrix = load_matrix(str(write_matrix(tmp_path, extra=extra)))
+    (cell,) = generate(matrix)
+    launch = Launch(matrix.engine_args, {"num_draft_tokens": 3, **cell.as_dict()}, 8123)
+    assert launch.argv[2:4] == ["8123", "ok"]
+    assert launch.argv[5] == str(tmp_path / "model")
+    assert launch.argv[-2:] == ['--cfg={"n": 3, "slots": 1}', "--slots=1"]  # level entries in factor order
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (("[server]\n", "[server]\nbogus = 1\n"), "[server] bogus: unknown key"),
+    (('"{{port}}"', '"{{prot}}"'), "unknown placeholder {prot}"),
+    (('api = "openai"', 'api = "grpc"'), "unknown api 'grpc'"),
+    (('health = "/health"', 'health = "health"'), "is not a URL path"),
+    (("[golden]\nslots = 1\n", ""), "[golden] slots: missing"),
+    (("[server.levels.slots]\nflags = [\"--slots={{level}}\"]\n", ""), "[factors] slots: the server never sees"),
+    (("[server.levels.slots]\nflags", "[server.levels.slots]\n2 = {{}}\nflags"), "neither a level of slots"),
+    (("{extra}", "[server.counters]\ndrafts = \"prom x\"\n"), "neither 'metric NAME'"),
+    (("{extra}", "[server.counters]\ndrafts = \"metric x_total\"\n"), "names neither accepted_tokens nor verify_steps"),
+])
+def test_a_bad_server_table_names_the_file_and_key(tmp_path: Path, edit: tuple[str, str], needle: str) -> None:
+    path = write_matrix(tmp_path)
+    template = MATRIX.replace(*edit)
+    model = tmp_path / "model"
+    path.write_text(template.format(timeout=60, model=model, python=sys.executable, fake=FAKE, mode="ok",
+                                    pids=tmp_path / "pids", start_timeout=20, extra=""))
+    with pytest.raises(MatrixError) as caught:
+        load_matrix(str(path))
+    assert needle in str(caught.value) and "s.toml" in str(caught.value)
+
+
+def test_engine_args_and_server_tables_belong_to_their_engines(tmp_path: Path) -> None:
+    path = write_matrix(tmp_path)
+    path.write_text(path.read_text() + "\n[engine_args]\nx = 1\n")
+    with pytest.raises(MatrixError, match=r"\[engine_args\]: unknown table of a matrix of engine 'openai' \(known: .*server\)"):
+        load_matrix(str(path))
+    plain = tmp_path / "r.toml"
+    plain.write_text('[matrix]\nname = "r"\nmode = "full"\nworkloads = ["pair"]\n[factors]\ncache = ["off"]\n'
+                     '[server]\napi = "openai"\n')
+    with pytest.raises(MatrixError, match=r"\[server\]: unknown table of a matrix of engine 'reference'"):
+        load_matrix(str(plain))
+
+
+def test_prometheus_samples_sum_over_label_sets() -> None:
+    text = ('# HELP vllm:spec_decode_num_drafts_total drafts\n# TYPE vllm:spec_decode_num_drafts_total counter\n'
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 12.0\n'
+            'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 3.0\n'
+            'vllm:spec_decode_num_drafts_created{engine="0"} 1.7e+09\nllamacpp:tokens_predicted_total 40\n')
+    sums = metric_sums(text)
+    assert sums["vllm:spec_decode_num_drafts_total"] == 15.0 and sums["llamacpp:tokens_predicted_total"] == 40.0
+    with pytest.raises(ServerError, match="malformed metrics"):
+        metric_sums("vllm:x_total{a=\"b\"} twelve\n")
+
+
+def test_an_openai_response_becomes_the_oracles_output() -> None:
+    doc = {"choices": [{"finish_reason": "length", "logprobs": {
+        "tokens": ["token_id:229", "token_id:255"], "token_logprobs": [-1.1, -2.5],
+        "top_logprobs": [{"token_id:10": -2.87, "token_id:229": -1.1}, {"token_id:255": -2.5, "token_id:231": -2.8}]}}],
+        "usage": {"prompt_tokens_details": {"cached_tokens": 32}}}
+    server = {"api": "openai", "cached_tokens": "usage.prompt_tokens_details.cached_tokens", "counters": {}}
+    out, counters = request_output(server, RequestSpec(rid="r", prompt=[1, 2], max_new_tokens=2), doc)
+    assert out.tokens == [229, 255] and out.top_ids == [[229, 10], [255, 231]]
+    assert out.cached_tokens == out.cached_device == 32 and counters == {}
+    assert out.margins[0] == pytest.approx(1.77)
+    doc["choices"][0]["logprobs"]["tokens"][1] = "ab"
+    with pytest.raises(ServerError, match="'ab' is not 'token_id:N'"):
+        openai_parse(doc, "to request 'r'")
+
+
+def test_a_llamacpp_response_becomes_the_oracles_output() -> None:
+    doc = {"tokens": [7, 9], "stop_type": "limit", "timings": {"cache_n": 4, "draft_n": 6, "draft_n_accepted": 5},
+           "completion_probabilities": [
+               {"id": 7, "logprob": -0.1, "top_logprobs": [{"id": 7, "logprob": -0.1}, {"id": 3, "logprob": -2.5}]},
+               {"id": 9, "logprob": -0.2, "top_logprobs": [{"id": 9, "logprob": -0.2}, {"id": 1, "logprob": -1.5}]}]}
+    server = {"api": "llamacpp", "cached_tokens": "timings.cache_n",
+              "counters": {"draft_tokens": ["response", "timings.draft_n"],
+                           "accepted_tokens": ["response", "timings.draft_n_accepted"]}}
+    out, counters = request_output(server, RequestSpec(rid="r", prompt=[1], max_new_tokens=2), doc)
+    assert out.tokens == [7, 9] and out.finish_reason == "length" and out.cached_tokens == 4
+    assert counters == {"draft_tokens": 6, "accepted_tokens": 5}
+    del doc["completion_probabilities"][1]["top_logprobs"][0]["logprob"]
+    with pytest.raises(ServerError, match=r"no field '0.logprob'"):
+        llamacpp_parse(doc, "to request 'r'")
+    assert field_at({"a": [{"b": 2}]}, "a.0.b", int, "x") == 2
+
+
+def test_a_server_program_that_is_not_here_is_refused_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.run.session import check_runnable
+
+    path = write_matrix(tmp_path)
+    check_runnable(load_matrix(str(path)), "cpu")
+    path.write_text(path.read_text().replace(f'command = ["{sys.executable}"', 'command = ["/nowhere/server"'))
+    with pytest.raises(MatrixError, match=r"s.toml: \[server\] command: no program '/nowhere/server'"):
+        check_runnable(load_matrix(str(path)), "cpu")
+    path.write_text(path.read_text().replace('command = ["/nowhere/server"', 'command = ["{llama_server}"'))
+    monkeypatch.setenv("KVMATRIX_LLAMA_SERVER", str(tmp_path / "none"))
+    with pytest.raises(MatrixError, match=r"no llama-server at .*none \(make llama-server"):
+        check_runnable(load_matrix(str(path)), "cpu")

