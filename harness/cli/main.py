@@ -1,6 +1,7 @@
 """The command line: list a matrix, run it, check faults on it, list them; report, compare, locate (harness.cli.triage).
 
-Exit 0 pass, 1 fail, 2 bad input."""
+Exit 0 pass, 1 fail, 2 bad input; stopped by SIGINT, SIGTERM or SIGHUP: 128 + the signal (130, 143, 129), with one
+line on stderr, after every process the command started is stopped (harness.sut.interrupt)."""
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,8 @@ from harness.run.parallel import default_jobs, execute
 from harness.run.plan import plan_cell
 from harness.run.session import MatrixRun
 from harness.sut import UnknownEngineError
-from harness.sut.process import logs_kept_under
+from harness.sut.interrupt import signum_of, stop_on_signals
+from harness.sut.process import logs_kept_under, stop_all
 from reference_impl.faults import FAULTS, UnknownFaultError
 from reports.html import write_report
 from reports.junit import write_junit
@@ -99,7 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     store = ResultsStore(Path(args.report_dir), info, render=write_report)
     done = store.start(args.resume, {c.cell_id for c in cells})
     started = time.perf_counter()
-    interrupted = False
+    interrupted = 0  # the signal that stopped the run
     with RunProgress(len(cells)) as progress:
         for i, cell in enumerate(cells, 1):
             if cell.cell_id in done:
@@ -108,11 +110,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:  # what the cells' processes print is kept beside their rows
             with logs_kept_under(store.dir):
                 _run_cells(run, cells, done, jobs, store, progress)
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as exc:
+            interrupted = signum_of(exc)
     store.finish(order=[c.cell_id for c in cells])
     ids = {c.cell_id for c in cells}
-    rows = [r for r in load([store.dir]).rows if r["cell_id"] in ids]
+    rows = [r for r in load([store.dir]).rows if r["cell_id"] in ids] if store.results_path.exists() else []
     counts = Counter(r["status"] for r in rows)
     print(f"{len(rows)} cells: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))} in "
           f"{time.perf_counter() - started:.1f}s; golden runs {goldens.computed} computed, {goldens.reused} reused")
@@ -121,8 +123,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"junit: {args.junit}")
     print(f"report: {store.index_path}")
     if interrupted:
-        print(f"interrupted: {len(rows)} of {len(cells)} cells kept; --resume goes on from there", file=sys.stderr)
-        return 130
+        print(f"interrupted by {signal_name(interrupted)}: {len(rows)} of {len(cells)} cells kept; --resume goes on "
+              f"from there", file=sys.stderr)
+        return 128 + interrupted
     return 1 if any(counts[status] for status in FAILING) else 0
 
 
@@ -197,15 +200,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        # started with SIGINT ignored (a background job of a script, a pytest-xdist worker's child): Python then
-        # installs no KeyboardInterrupt, and an interrupted run would go on to its end instead of keeping what
-        # finished and stopping (exit 130); a run always hears the interrupt it is sent
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return args.handler(args)
-    except (MatrixError, UnknownFaultError, UnknownEngineError, UsageError, SelectionError, TriageInputError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    with stop_on_signals():  # SIGTERM and SIGHUP as Ctrl-C: whatever was started is stopped, then 128 + signal
+        try:
+            args = build_parser().parse_args(argv)
+            return args.handler(args)
+        except (MatrixError, UnknownFaultError, UnknownEngineError, UsageError, SelectionError, TriageInputError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as exc:  # before the run kept anything (or in a command that keeps nothing)
+            signum = signum_of(exc)
+            print(f"interrupted by {signal_name(signum)}", file=sys.stderr)
+            return 128 + signum
+        finally:
+            stop_all()  # a group an interrupt caught as it started, before its engine held it
