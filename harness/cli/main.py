@@ -24,7 +24,7 @@ from harness.matrix.selection import SelectionError, parse_shard, select_cells, 
 from harness.results.header import add_run_options
 from harness.results.reader import load
 from harness.results.rows import FAILING, CellResult
-from harness.results.store import ResultsStore, RunInfo
+from harness.results.store import ResultsStore, ResumeRefused, RunInfo
 from harness.run.faultcheck import check_fault, check_fault_set
 from harness.run.parallel import default_jobs, execute
 from harness.run.plan import plan_cell
@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     header = run.header(args.matrix, args.shard, len(cells))
     info = RunInfo(matrix.name, matrix.mode, matrix.strength, sorted(faults), len(cells), header=header, device=args.device)
     store = ResultsStore(Path(args.report_dir), info, render=write_report)
-    done = store.start(args.resume, {c.cell_id for c in cells})
+    done = store.start(args.resume, {c.cell_id for c in cells}, accept_changed=args.accept_changed)
     started = time.perf_counter()
     interrupted = 0  # the signal that stopped the run
     with RunProgress(len(cells)) as progress:
@@ -182,7 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=cmd_list)
     run = sub.add_parser("run", help="run a matrix and write the report")
     add_run_options(run.add_argument, ("matrix", "strength", "inject_fault", "report_dir", "shard", "device"))
-    run.add_argument("--resume", action="store_true", help="keep finished cells of the same run in --report-dir")
+    run.add_argument("--resume", action="store_true", help="keep finished cells of the same run in --report-dir "
+                     "(refused when the matrix file, faults, strength, device or engine version changed since)")
+    run.add_argument("--accept-changed", action="store_true",
+                     help="with --resume: keep the finished cells although the run changed (the run header records what)")
     run.add_argument("--cell", action="append", default=[], metavar="ID",
                      help="run only this cell (repeatable); any allowed combination of the matrix's levels")
     run.add_argument("--junit", metavar="FILE", help="also write the cells of this run as JUnit XML (one test case per cell)")
@@ -208,8 +211,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with stop_on_signals():  # SIGTERM and SIGHUP as Ctrl-C: whatever was started is stopped, then 128 + signal
         try:
             args = build_parser().parse_args(argv)
+            if getattr(args, "accept_changed", False) and not args.resume:
+                raise UsageError("--accept-changed only applies with --resume")
             return args.handler(args)
-        except (MatrixError, UnknownFaultError, UnknownEngineError, UsageError, SelectionError, TriageInputError) as exc:
+        except (MatrixError, UnknownFaultError, UnknownEngineError, UsageError, SelectionError, TriageInputError,
+                ResumeRefused) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt as exc:  # before the run kept anything (or in a command that keeps nothing)
