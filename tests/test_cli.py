@@ -143,6 +143,21 @@ def test_list_bound_comes_from_the_allowed_tuples(tmp_path: Path, capsys) -> Non
     assert "lower bound: 3 cells (most allowed tuples on one set of factors: 3); optimal (proven)" in out
 
 
+def test_list_certifies_a_one_factor_at_a_time_matrix_as_such(tmp_path: Path, capsys) -> None:
+    """ofat promises the golden cell and each other level alone, not every pair: vllm_server_smoke's 3 cells hold it."""
+    assert main(["list", "--matrix", "vllm_server_smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "3 cells (ofat)" in out and "coverage ofat: 3/3" in out and "OK" in out and "t=2" not in out, out
+    path = write_matrix(tmp_path)
+    path.write_text(path.read_text().replace('mode = "full"', 'mode = "ofat"').replace("[16]", "[1, 16]") +
+                    '[golden]\nscheduler = "fcfs"\npage_size = 16\n')
+    assert main(["list", "--matrix", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[:3] == ["/model:dense/scheduler:fcfs/page_size:16/", "/model:dense/scheduler:priority/page_size:16/",
+                                    "/model:dense/scheduler:fcfs/page_size:1/"], out
+    assert "coverage ofat: 3/3 (the golden cell, and each other level with every other factor golden) covered: OK" in out
+
+
 #: the input holes of issue 10: (what to change in TINY, what the one error line must name).
 HOLES = [
     ({'page_size = [16]': 'page_size = [16]\n[cost]\nscheduler = { priority = 1e308 }'}, "[cost] scheduler.priority"),

@@ -19,7 +19,9 @@ from harness.cli.tables import add_table_commands
 from harness.cli.triage import TriageInputError, add_triage_commands
 from harness.matrix.covering import Covering
 from harness.matrix.file import named_matrix
-from harness.matrix.model import Cell, MatrixError, coverage, generate, generate_certified, lower_bound
+from harness.matrix.model import (
+    Cell, MatrixError, coverage, generate, generate_certified, lower_bound, ofat_coverage,
+)
 from harness.matrix.selection import SelectionError, parse_shard, select_cells, select_shard
 from harness.results.header import add_run_options
 from harness.results.reader import load
@@ -49,16 +51,25 @@ def cmd_list(args: argparse.Namespace) -> int:
     cells, certificate = generate_certified(matrix)
     for cell in cells:
         print(cell.cell_id)
-    t = matrix.strength if matrix.mode == "t-wise" else min(2, len(matrix.factors))
-    report = coverage(matrix, cells, t)
-    print(f"{len(cells)} cells ({matrix.mode}{f', t={matrix.strength}' if matrix.mode == 't-wise' else ''})")
-    print(certificate_line(len(cells), t, lower_bound(matrix, t), certificate))
+    if matrix.mode == "ofat":  # the golden cell and each other level alone: not a covering array of any strength
+        report = ofat_coverage(matrix, cells)
+        print(f"{len(cells)} cells (ofat)")
+        print(f"lower bound: {report.required} cells (the golden cell and one per level off it); "
+              f"{'optimal (proven)' if len(cells) == report.required else f'ratio {len(cells) / report.required:.2f}'}")
+        what = f"{report.required} (the golden cell, and each other level with every other factor golden)"
+    else:
+        t = matrix.strength if matrix.mode == "t-wise" else min(2, len(matrix.factors))
+        report = coverage(matrix, cells, t)
+        print(f"{len(cells)} cells ({matrix.mode}{f', t={matrix.strength}' if matrix.mode == 't-wise' else ''})")
+        print(certificate_line(len(cells), t, lower_bound(matrix, t), certificate))
+        groups = "".join(f" + {s}-tuples of {', '.join(names)}" for names, s in matrix.stronger)
+        what = f"{report.required} allowed {t}-tuples{groups}"
     if matrix.cost:
         print(f"total cost {math.fsum(matrix.cost_of(cell) for cell in cells):g} "
               f"([cost] per cell: sum of its levels' costs, unlisted levels 1)")
     state = "OK" if report.ok else f"MISSING {len(report.missing)}"
-    groups = "".join(f" + {s}-tuples of {', '.join(names)}" for names, s in matrix.stronger)
-    print(f"coverage t={t}: {report.covered}/{report.required} allowed {t}-tuples{groups} covered: {state}")
+    label = "ofat" if matrix.mode == "ofat" else f"t={report.strength}"
+    print(f"coverage {label}: {report.covered}/{what} covered: {state}")
     return 0 if report.ok else 1
 
 
