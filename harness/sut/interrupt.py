@@ -5,7 +5,8 @@ its process groups stopped, the row store finished, the workers stopped) unwinds
 and the command exits ``128 + signal`` (130, 143, 129). It is raised once: a second signal while the harness
 unwinds is noted, not raised, so the cleanup that stops every process is never cut short (a watchdog still stops a
 process group whose starter is killed outright: ``harness.sut.process``). ``uninterrupted`` holds a signal back
-while a process group is being started or stopped, so none is ever left half-started or half-stopped.
+(and a cell's deadline: ``harness.run.serve``) while a process group is being started or stopped, so none is ever
+left half-started or half-stopped.
 """
 from __future__ import annotations
 
@@ -78,6 +79,11 @@ def stop_on_signals(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def holding() -> bool:
+    """Whether an ``uninterrupted`` block runs now (a cell's deadline waits for it too: harness.run.serve)."""
+    return _State.held > 0
 
 
 @contextmanager

@@ -5,7 +5,8 @@ with every cell exactly once.
 A run's processes are found by a marker in their environment (set in the harness's, inherited by its workers, its
 servers, their children and the watchdogs), not by name. The stand-in server (tests/servers/fake_server.py) forks
 a worker of its own and answers slowly, so a signal lands while cells are serving; the same tests run on
-llama.cpp's llama-server where it is built (``make llama-server``; marker ``llamacpp``).
+llama.cpp's llama-server where it is built (``make llama-server``; marker ``llamacpp``), and a vLLM child is
+stopped and killed where vLLM is installed (``make vllm-env``; markers ``vllm`` and ``slow``: it starts for minutes).
 """
 from __future__ import annotations
 
@@ -23,7 +24,11 @@ from pathlib import Path
 import pytest
 
 from harness.cli.main import main
+from harness.matrix.file import load_matrix
+from harness.matrix.model import generate
+from harness.sut import vllm
 from harness.sut.openai import launch
+from harness.sut.vllm import engine as vllm_engine
 from harness.sut.process import STOP_GRACE_S, is_live
 from tests.binaries import required_path
 
@@ -34,7 +39,7 @@ pytestmark = pytest.mark.lifecycle
 
 #: three cells: the golden configuration (its golden run reused) and two that start servers of their own, so that
 #: both workers of -j 2 hold a server when the signal comes.
-MATRIX = """
+SERVER_MATRIX = """
 [matrix]
 name = "lifecycle"
 engine = "openai"
@@ -54,37 +59,53 @@ api = "{api}"
 command = {command}
 health = "/health"
 start_timeout_s = 60
+{extra}
 
 [server.levels.slots]
 flags = [{slots_flags}]
+"""
+#: one cell, vLLM's golden configuration: its golden run is the child the signal finds importing vllm.
+VLLM_MATRIX = """
+[matrix]
+name = "lifecycle"
+engine = "vllm"
+mode = "full"
+workloads = ["pair"]
+timeout_s = 600
+
+[factors]
+cache = ["off"]
 """
 
 
 @dataclass(frozen=True)
 class Server:
-    """A server the matrix launches: its program, the matrix's ``[server]`` values, and what it needs here."""
+    """What a run's cells start (its program, found on a process's command line) and the matrix that starts it."""
 
     program: str
-    api: str
-    model: str
-    command: list[str]
-    slots_flags: str
+    matrix: str
 
 
 def fake_server(tmp_path: Path) -> Server:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text("{}")  # a checkpoint of its own: no cross_engine reference serves it
-    return Server(str(FAKE), "openai", str(model),
-                  [sys.executable, str(FAKE), "{port}", "slow:0.5", str(tmp_path / "pids"), "{checkpoint}"],
-                  '"--slots={level}"')
+    command = [sys.executable, str(FAKE), "{port}", "slow:0.5", str(tmp_path / "pids"), "{checkpoint}"]
+    return Server(str(FAKE), SERVER_MATRIX.format(model=model, api="openai", command=json.dumps(command),
+                                                  slots_flags='"--slots={level}"', extra=""))
 
 
 def llama_server(tmp_path: Path) -> Server:
     binary = required_path(launch.llama_server_path(), "llama-server")
-    return Server(str(binary), "llamacpp", "dense",
-                  ["{llama_server}", "-m", "{gguf}", "--host", "{host}", "--port", "{port}", "-c", "2048"],
-                  '"-np", "{level}"')
+    command = ["{llama_server}", "-m", "{gguf}", "--host", "{host}", "--port", "{port}", "-c", "2048"]
+    return Server(str(binary), SERVER_MATRIX.format(model="dense", api="llamacpp", command=json.dumps(command),
+                                                    slots_flags='"-np", "{level}"',
+                                                    extra="request = { cache_prompt = false }  # no cache factor here"))
+
+
+def vllm_child(tmp_path: Path) -> Server:
+    required_path(vllm.vllm_python(), "vllm-env")
+    return Server(str(vllm_engine.CHILD), VLLM_MATRIX)
 
 
 #: llama-server under make test's --dist loadgroup: one real engine at a time (as tests/test_real_servers.py)
@@ -176,10 +197,23 @@ def stop(run: subprocess.Popen, how: Stop, up: list[tuple[int, int, int, str]]) 
 def test_nothing_outlives_a_stopped_run_and_resume_completes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                 make_server: Callable[[Path], Server], stop_name: str,
                                                                 jobs: int) -> None:
-    server = make_server(tmp_path)
+    check_leaves_nothing(tmp_path, monkeypatch, make_server(tmp_path), stop_name, jobs)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.xdist_group("vllm")
+@pytest.mark.parametrize("stop_name", ["SIGTERM", "SIGKILL"])
+def test_nothing_outlives_a_stopped_vllm_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_name: str) -> None:
+    """The vLLM child (engine = "vllm"), stopped while it imports vllm: it and whatever it started are gone."""
+    check_leaves_nothing(tmp_path, monkeypatch, vllm_child(tmp_path), stop_name, 1)
+
+
+def check_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: Server, stop_name: str,
+                         jobs: int) -> None:
+    """Stop a run of ``server``'s matrix by ``stop_name`` and resume it, killing whatever a failure leaves."""
     path = tmp_path / "lifecycle.toml"
-    path.write_text(MATRIX.format(model=server.model, api=server.api, command=json.dumps(server.command),
-                                  slots_flags=server.slots_flags))
+    path.write_text(server.matrix)
     mark = uuid.uuid4().hex
     try:
         check_stopped_then_resumed(tmp_path, monkeypatch, path, server, stop_name, jobs, mark)
@@ -193,6 +227,7 @@ def check_stopped_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     """Run ``path`` at ``-j jobs`` with ``mark``, stop it by ``stop_name`` once ``jobs`` servers serve, check that
     nothing is left, resume it, and check that each cell has one row."""
     how = STOPS[stop_name]
+    cells = [cell.cell_id for cell in generate(load_matrix(str(path)))]
     env = {**os.environ, MARK_ENV: mark, "PYTHONPATH": str(ROOT)}
     report = tmp_path / "out"
     command = ["run", "--matrix", str(path), "--report-dir", str(report)]
@@ -208,7 +243,7 @@ def check_stopped_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
         assert [p for p in marked(mark) if server.program in p[3]] == [], "a server outlived the run"
         assert err.count("\n") == 1 and err.startswith(f"interrupted by {stop_name}: "), err
         if jobs == 1:  # stopped at the golden run's server: before the first row, nothing kept, no traceback
-            assert "0 of 3 cells kept" in err, err
+            assert f"0 of {len(cells)} cells kept" in err, err
     # what is left exits once it sees the run is gone (a forkserver, a resource tracker, the watchdogs of killed
     # starters, which give a group STOP_GRACE_S after SIGTERM)
     assert gone(mark, STOP_GRACE_S + 5 if how.signum == signal.SIGKILL else 5) == []
@@ -216,9 +251,9 @@ def check_stopped_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setenv(MARK_ENV, mark)  # the resume runs here (no second start of torch): its servers carry the mark
     assert main([*command, "--resume", "-j", "1"]) == (1 if how.worker and not killed_harness else 0)
     rows = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
-    assert sorted(r["factors"]["slots"] for r in rows) == [1, 2, 3]
+    assert sorted(r["cell_id"] for r in rows) == sorted(cells)
     died = [r for r in rows if r["status"] == "error"]
-    assert [r["status"] for r in rows if r not in died] == ["pass"] * (3 - len(died))
+    assert [r["status"] for r in rows if r not in died] == ["pass"] * (len(cells) - len(died))
     assert len(died) == (1 if how.worker and not killed_harness else 0), [r["error"] for r in died]
     assert all("worker process died (exit code -9)" in r["error"] for r in died)
     assert gone(mark, 5) == []
@@ -233,3 +268,27 @@ def test_a_stop_while_the_command_line_loads_is_one_line(tmp_path: Path, signum:
     assert run.wait(timeout=60) == 128 + signum
     err = (tmp_path / "stderr").read_text()
     assert err.count("\n") == 1 and err.startswith(f"interrupted by {signal.Signals(signum).name}"), err
+
+
+def test_a_stop_signal_or_a_deadline_waits_for_a_group_to_start_and_a_signal_is_raised_once() -> None:
+    """What keeps a group from being half-started: the signal (or the cell's deadline) is held until the block ends."""
+    from harness.run.serve import CellTimeout, deadline
+    from harness.sut.interrupt import Interrupted, stop_on_signals, uninterrupted
+
+    done = []
+    with stop_on_signals():
+        with pytest.raises(Interrupted) as raised:
+            with uninterrupted():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)
+                done.append("started")
+        os.kill(os.getpid(), signal.SIGTERM)  # while the first one unwinds: noted, not raised
+        time.sleep(0.2)
+    assert done == ["started"] and raised.value.exit_code == 143
+    with pytest.raises(CellTimeout):
+        with deadline(0.05):
+            with uninterrupted():
+                time.sleep(0.3)
+                done.append("stopped")
+            time.sleep(1)
+    assert done == ["started", "stopped"]
