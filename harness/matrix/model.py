@@ -248,6 +248,28 @@ def coverage(matrix: Matrix, cells: Sequence[Cell], t: int) -> CoverageReport:
     return CoverageReport(strength=t, required=required, covered=required - len(missing), missing=missing)
 
 
+def ofat_coverage(matrix: Matrix, cells: Sequence[Cell]) -> CoverageReport:
+    """What one factor at a time promises, and which of it ``cells`` hold: the golden cell, and each allowed level
+    of each factor in a cell whose every other factor is at its golden level (strength 1: one level per tuple;
+    the golden cell counts as the tuple of no level)."""
+    base = matrix.golden_cell()
+    required: list[tuple[tuple[str, object], ...]] = [()]
+    for i, (factor, levels) in enumerate(matrix.factors):
+        for level in levels:
+            changed = Cell((*base.factors[:i], (factor, level), *base.factors[i + 1:]))
+            if level != base.factors[i][1] and matrix.allows(changed.as_dict()):
+                required.append(((factor, level),))
+    held = {cell.factors for cell in cells}
+    missing = tuple(change for change in required if _changed(base, change).factors not in held)
+    return CoverageReport(strength=1, required=len(required), covered=len(required) - len(missing), missing=missing)
+
+
+def _changed(base: Cell, change: tuple[tuple[str, object], ...]) -> Cell:
+    """``base`` with the levels of ``change`` in place of its own."""
+    levels = dict(change)
+    return Cell(tuple((factor, levels.get(factor, level)) for factor, level in base.factors))
+
+
 def lower_bound(matrix: Matrix, t: int) -> int:
     """The most allowed tuples on one set of t factors (or of a ``[[stronger]]`` group's s factors): each
     cell holds one, so no matrix covering them has fewer cells."""

