@@ -121,6 +121,9 @@ def row_problem(row: object) -> str | None:
             return f"oracle {name!r:.40}: needs an object with verdict in {', '.join(VERDICTS)}"
         if not isinstance(verdict.get("message", ""), str) or not isinstance(verdict.get("detail", []), list):
             return f"oracle {name!r:.40}: message must be a string and detail a list"
+        excused = verdict.get("excused", {})
+        if not isinstance(excused, dict) or not all(isinstance(n, int) and not isinstance(n, bool) for n in excused.values()):
+            return f"oracle {name!r:.40}: excused must be an object of declaration number to count"
         for finding in verdict.get("detail", []):
             problem = _finding_problem(finding)
             if problem:
@@ -214,9 +217,11 @@ class Verdict:
     status: str
     message: str
     detail: list[dict] = field(default_factory=list)
+    excused: dict[int, int] = field(default_factory=dict)  # [[expected]] number → the findings it excused
 
     def to_json(self) -> dict:
-        return {"verdict": self.status, "message": self.message, "detail": self.detail}
+        out = {"verdict": self.status, "message": self.message, "detail": self.detail}
+        return {**out, "excused": {str(number): n for number, n in self.excused.items()}} if self.excused else out
 
 
 @dataclass(slots=True, kw_only=True)
@@ -239,14 +244,16 @@ class CellResult:
         return failed | ({f"error: {error_type(self.error)}"} if self.status == "error" else set())
 
     def settle(self) -> CellResult:
-        """Judge a cell with a declared known failure: ``xfail`` when it failed only as declared, ``xpass``
-        when nothing failed; failing in any other way stays ``fail`` or ``error``."""
+        """Judge a cell with declared known failures: ``xfail`` when what they declare occurred (findings they
+        excused, or the error type they name) and nothing else failed, ``xpass`` when nothing they declare occurred
+        (strict); an oracle that still fails once they excused theirs, or another error, stays ``fail``/``error``."""
         if self.expected is not None and self.status in ("pass", "fail", "error"):
-            failed = self.failed()
-            if not failed:
-                self.status = "xpass"
-            elif failed <= set(self.expected["fails"]):
+            failed = self.failed()  # an oracle failing here failed on findings no declaration excused
+            seen = any(verdict.excused for verdict in self.oracles.values())
+            if failed and failed <= {name for name in self.expected["fails"] if name.startswith("error: ")}:
                 self.status = "xfail"
+            elif not failed:
+                self.status = "xfail" if seen else "xpass"
         return self
 
     def to_json(self) -> dict:
