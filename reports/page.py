@@ -104,7 +104,9 @@ def cell_rows(rows: Sequence[Mapping], factors: Sequence[str], levels: Mapping[s
         classes = [f"s-{row['status']}"] + [f"o{oracles.index(n)}" for n in failing if n in oracles]
         classes += [f"f{i}-{levels[f].index(row['factors'][f])}" for i, f in enumerate(factors) if f in row["factors"]]
         tiers = (row.get("metrics") or {}).get("cached_tokens_warm_by_tier") or {}
+        changes = (row.get("metrics") or {}).get("applied_changes") or []
         out.append({"row": row, "anchor": ids[row["cell_id"]], "row_id": table[row["cell_id"]], "failing": failing,
+                    "changes": "; ".join(map(str, changes)) if isinstance(changes, list) else "",
                     "classes": " ".join(classes),
                     "accept": _metric(row, "mean_accept_length"), "cached": _metric(row, "cached_tokens_warm"),
                     "tiers": ", ".join(f"{k} {v}" for k, v in tiers.items()) if isinstance(tiers, Mapping) else "",
