@@ -4,6 +4,7 @@ declared llama.cpp bug excusing the drafted tokens' 0.0 logprobs and nothing els
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,66 @@ def test_the_drafted_tokens_zero_logprob_is_excused_and_a_planted_error_elsewher
     sampled_zero = copy.deepcopy(STAND_IN)
     sampled_zero["completion_probabilities"][0]["logprob"] = 0.0  # 0.0 on a sampled token is not the declared bug
     assert judge_logprobs(sampled_zero, spec_known).status == "fail"
+
+
+# -- a live llama-server's answers (tests/data/servers/llamacpp/, captured: see its README) --------------------------
+
+RECORDED = ROOT / "tests" / "data" / "servers" / "llamacpp"
+
+
+def recorded(name: str) -> object:
+    return json.loads((RECORDED / name).read_text())
+
+
+def test_a_recorded_server_reads_back_what_it_applied() -> None:
+    """llama-server capped each slot's context at the model's training context: shown as a change, harmless."""
+    settings = asked(recorded("argv.json"), {}, {"cache_prompt": True})
+    rule, applied = read_back(recorded("props.json"), recorded("slots.json"), (RECORDED / "server.log").read_text(),
+                              settings, cache_on=True)
+    assert rule.config == SlotConfig(slots=2, kv_unified=False, cache_ram=True)
+    assert [(a.describe(), a.defeats) for a in applied] == [
+        ("slots: asked 2, engine used 2", ""), ("kv_unified: asked False, engine used False", ""),
+        ("speculative: asked True, engine used True", ""), ("n_ctx per slot: asked 4096, engine used 2048", "")]
+
+
+def recorded_pass() -> tuple[Workload, dict[str, PassResult], list]:
+    """The two recorded requests as one pass of two rounds, read as the harness reads a reply."""
+    requests, replies = [], []
+    for i in (0, 1):
+        body = recorded(f"request{i}.json")
+        requests.append(RequestSpec(f"r{i}", tuple(body["prompt"]), body["n_predict"]))
+        replies.append(request_output({**SERVER, "api": "llamacpp"}, requests[-1], recorded(f"completion{i}.json")))
+    result = PassResult(outputs=[r.output for r in replies], placement={r.output.rid: r.slot for r in replies},
+                        verified={r.output.rid: r.verified for r in replies})
+    return Workload("recorded", "", tuple(requests), round_sizes=(1, 1)), {"cold": result}, replies
+
+
+def test_the_slot_rule_predicts_the_recorded_hits_exactly() -> None:
+    workload, passes, replies = recorded_pass()
+    rule, _ = read_back(recorded("props.json"), recorded("slots.json"), (RECORDED / "server.log").read_text(),
+                        asked(recorded("argv.json"), {}, {"cache_prompt": True}), cache_on=True)
+    got = rule.expected(workload, TRAITS, "cold", passes)
+    assert [r.output.cached_tokens for r in replies] == [0, 262] and [r.slot for r in replies] == [1, 1]
+    assert {rid: (e.values, e.exact) for rid, e in got.items()} == {"r0": ((0,), True), "r1": ((262,), True)}
+
+
+def test_a_logprob_error_planted_on_a_recorded_sampled_token_fails_the_spec_cell(spec_known: tuple) -> None:
+    """Golden is the recorded reply with a model's logprob (a stand-in: -0.5) where llama.cpp returned 0.0: the
+    declaration excuses every drafted 0.0; the same error planted on the one sampled token fails the cell."""
+    workload, passes, replies = recorded_pass()
+    got = passes["cold"]
+    golden = copy.deepcopy(got.outputs)
+    for out, reply in zip(golden, replies):
+        out.logprobs = [-0.5 if step in reply.verified else lp for step, lp in enumerate(out.logprobs)]
+    assert all(r.verified == tuple(range(1, 32)) for r in replies)  # every token but the first came from a verify step
+
+    def judge() -> object:
+        return logprobs.ORACLE([PassView(workload="recorded", name="cold", requests=workload.requests, got=got,
+                                         traits=TRAITS, references={"golden": PassResult(outputs=golden)},
+                                         known=spec_known)])
+
+    v = judge()
+    assert v.status == "pass" and v.excused == {1: 62}
+    got.outputs[1].logprobs[0] -= 0.5  # the token r1 sampled alone
+    v = judge()
+    assert v.status == "fail" and [(f["request"], f["step"], f["token"]) for f in v.detail] == [("r1", 0, "sampled")]
