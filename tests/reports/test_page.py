@@ -164,3 +164,7 @@ def test_engine_findings_and_harness_limitations_are_listed_apart(sample: list[d
     assert "none: the engine&#39;s own choice" in harness and "1 cell(s) (xfail 1), 0 finding(s) excused" in harness
     assert "27972" not in harness
     assert 'id="declared"' not in page(sample[:40])  # nothing declared: no section
+    untriaged = {"number": 3, "when": {}, "fails": ["error: TypeError"], "reason": "declared before the re-triage"}
+    rows[2]["expected"] = {"when": [], "fails": [], "reason": "", "declarations": [untriaged]}
+    html = page(rows)
+    assert "Not yet triaged" in html and "upstream: not stated" in html
