@@ -29,12 +29,14 @@ def _by_tier(out: RequestOutput) -> str:
 def judge(views: Sequence[PassView]) -> Verdict:
     """Per-request cached_tokens, and the share each tier below L1 supplied, equal what the workload implies."""
     findings, warm = [], dict.fromkeys(TIERS, 0)
+    judged = exact = 0
     for view in views:
         for out in view.outputs:
             expect = view.expected_cached.get(out.rid)
             if expect is None or out.finish_reason != "length":
                 continue
             split = out.cached_by_tier()
+            judged, exact = judged + 1, exact + expect.exact
             if view.name == "warm":
                 for tier, n in split.items():
                     warm[tier] += n
@@ -46,7 +48,9 @@ def judge(views: Sequence[PassView]) -> Verdict:
                                                     "storage": expect.storage},
                                  "got_tiers": {"total": out.cached_tokens, **split}})
     split = ", ".join(f"{tier} {n}" for tier, n in warm.items())
-    return verdict("cached_tokens", findings, f"as expected ({sum(warm.values())} warm cached tokens: {split})",
+    return verdict("cached_tokens", findings,
+                   f"as expected ({sum(warm.values())} warm cached tokens: {split}; {exact} of {judged} requests "
+                   f"judged exactly)",
                    lambda f: f"{len(f)} request(s) off; first: {f[0]['workload']}/{f[0]['pass']} {f[0]['request']}: "
                              f"expected {f[0]['expected']}, got {f[0]['got']}" + _by_rule(f[0]['rule']), views)
 

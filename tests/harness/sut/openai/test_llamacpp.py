@@ -106,7 +106,8 @@ def test_the_cached_tokens_oracle_judges_a_llamacpp_cell_by_the_slot_rule() -> N
     views[1] = PassView(workload="two", name="warm", requests=workload.requests, got=warm, traits=TRAITS,
                         references={"golden": cold},
                         expected_cached=rule.expected(workload, TRAITS, "warm", {"cold": cold, "warm": warm}))
-    assert cached_tokens.ORACLE(views).status == "pass"
+    v = cached_tokens.ORACLE(views)
+    assert v.status == "pass" and "4 of 4 requests judged exactly" in v.message
 
 
 def test_the_llamacpp_matrix_declares_no_cached_tokens_failure() -> None:
