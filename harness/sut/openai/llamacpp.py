@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from fixtures.workloads import CachedExpectation, Workload

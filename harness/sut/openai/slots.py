@@ -20,15 +20,14 @@ Ported from the llama.cpp that llama-cpp-python 0.3.36 vendors (build 0c1e570), 
   and with a unified KV cache clears them ([TAG_IDLE_SLOT_CLEAR]).
 
 The fractions are C++ ``float`` and compared as such (each rounded to float32). What the source leaves to timing is
-which request of a round is admitted next and which running one finishes first: ``search`` tries every order, pruned
+which request of a round is admitted next and which running one finishes first: ``feasible`` tries every order, pruned
 by the slot the server says each request used (``id_slot``) and, where given, by the hits it reported.
 """
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-
-import struct
 
 #: states one judgement may visit before it gives up (the rule then says less: see ``llamacpp.py``)
 MAX_STATES = 100_000
