@@ -1,4 +1,4 @@
-"""applied: a setting the engine changed from what the cell asked (read back from it) must not defeat the cell's purpose.
+"""applied: a setting the engine changed from what the cell asked (read back from it) must not defeat its purpose.
 
 An engine may apply a level other than the one asked, silently: a slot count, a block size, a KV layout, a proposer
 it dropped. The engine's package reads back what it applied (``Traits.applied``) and says, for each change, whether it

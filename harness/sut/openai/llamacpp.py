@@ -193,7 +193,8 @@ class Life:
 
     def _candidates(self, at: int, r: Request) -> set[int]:
         """Every hit a sequence the server might hold gives ``r`` (any earlier request's, its round's others'), or 0."""
-        held = [o.leaves for group in self.rounds[:at] for o in group] + [o.leaves for o in self.rounds[at] if o is not r]
+        held = [o.leaves for group in self.rounds[:at] for o in group]
+        held += [o.leaves for o in self.rounds[at] if o is not r]
         return {0} | {self.server.hit(seq, r.prompt) for seq in held}
 
     def band(self, basis: str) -> dict[str, CachedExpectation]:

@@ -201,7 +201,8 @@ class Server:
             others = sorted({u for i, u in enumerate(used) if u >= 0 and i != slot})
             ranks = {u: r for r, u in enumerate(others)}
             used = tuple(len(others) if i == slot else ranks.get(u, -1) for i, u in enumerate(used))
-            self._released[key] = (held[:slot] + (seq,) + held[slot + 1:], used, busy[:slot] + (None,) + busy[slot + 1:], ram)
+            self._released[key] = (held[:slot] + (seq,) + held[slot + 1:], used,
+                                   busy[:slot] + (None,) + busy[slot + 1:], ram)
         return self._released[key]
 
 

@@ -80,7 +80,8 @@ def test_one_slot_hits_exactly_the_prefix_its_one_sequence_shares() -> None:
     assert {rid: (e.values, e.exact) for rid, e in got.items()} == {"a": ((20,), True), "b": ((20,), True)}
     assert got["a"].basis.endswith(", exact")
     again = Workload("again", "", (RequestSpec("a", SYSTEM, 2),))
-    warm_again = {"cold": PassResult(outputs=[output("a", [5, 6], 0)]), "warm": PassResult(outputs=[output("a", [5, 6], 19)])}
+    warm_again = {"cold": PassResult(outputs=[output("a", [5, 6], 0)]),
+                  "warm": PassResult(outputs=[output("a", [5, 6], 19)])}
     assert rule.expected(again, TRAITS, "warm", warm_again)["a"].values == (19,)
     off = LlamaCppSlots(SlotConfig(slots=1, kv_unified=False, cache_ram=False, cache_prompt=False), n_ctx=8192)
     assert {e.describe() for e in off.expected(again, TRAITS, "warm", warm_again).values()} == {"0"}
