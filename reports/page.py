@@ -91,6 +91,31 @@ def groups(rows: Sequence[Mapping], runs: Mapping[str, Mapping], ids: Mapping[st
     return out
 
 
+#: the declared known failures' classes (``[[expected]] class``), as the page heads them, engine findings first
+DECLARED_CLASSES = {"engine bug": "Engine findings", "harness limitation": "Harness limitations",
+                    None: "Not yet triaged"}
+
+
+def declared(rows: Sequence[Mapping]) -> list[dict]:
+    """The declared known failures the cells matched, per class (engine findings apart from harness limitations):
+    each declaration once per matrix, with its upstream status, the cells it matched, how those ended and the
+    findings it excused."""
+    found: dict[tuple, dict] = {}
+    for row in rows:
+        for entry in (row.get("expected") or {}).get("declarations") or []:
+            if not isinstance(entry, Mapping):
+                continue
+            number = entry.get("number")
+            item = found.setdefault((str(row.get("matrix", "")), number), {
+                "matrix": row.get("matrix", ""), "entry": entry, "cells": 0, "statuses": {}, "excused": 0})
+            item["cells"] += 1
+            item["statuses"][row["status"]] = item["statuses"].get(row["status"], 0) + 1
+            item["excused"] += sum(int((v.get("excused") or {}).get(str(number), 0)) for v in row["oracles"].values()
+                                   if isinstance(v, Mapping))
+    kinds = {kind: [i for i in found.values() if i["entry"].get("class") == kind] for kind in DECLARED_CLASSES}
+    return [{"title": DECLARED_CLASSES[kind], "kind": kind, "items": items} for kind, items in kinds.items() if items]
+
+
 def _metric(row: Mapping, key: str) -> float | None:
     return as_float((row.get("metrics") or {}).get(key))
 
@@ -104,7 +129,9 @@ def cell_rows(rows: Sequence[Mapping], factors: Sequence[str], levels: Mapping[s
         classes = [f"s-{row['status']}"] + [f"o{oracles.index(n)}" for n in failing if n in oracles]
         classes += [f"f{i}-{levels[f].index(row['factors'][f])}" for i, f in enumerate(factors) if f in row["factors"]]
         tiers = (row.get("metrics") or {}).get("cached_tokens_warm_by_tier") or {}
+        changes = (row.get("metrics") or {}).get("applied_changes") or []
         out.append({"row": row, "anchor": ids[row["cell_id"]], "row_id": table[row["cell_id"]], "failing": failing,
+                    "changes": "; ".join(map(str, changes)) if isinstance(changes, list) else "",
                     "classes": " ".join(classes),
                     "accept": _metric(row, "mean_accept_length"), "cached": _metric(row, "cached_tokens_warm"),
                     "tiers": ", ".join(f"{k} {v}" for k, v in tiers.items()) if isinstance(tiers, Mapping) else "",
@@ -136,5 +163,5 @@ def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Ma
         "summary": summary, "runs": list(runs.values()), "header_fields": HEADER_FIELDS, "classes": classes,
         "shown_findings": SHOWN_FINDINGS, "open_table_limit": OPEN_TABLE_LIMIT, "grid": grid(rows), "groups": groups(rows, runs, ids, table), "ids": ids, "rows_ids": table,
         "probes": probes, "probes_run": sum(not (p.get("probe") or {}).get("reused") for p in probes), "factors": factors, "levels": levels, "oracles": oracles,
-        "cells": cell_rows(rows, factors, levels, oracles, ids, table),
+        "cells": cell_rows(rows, factors, levels, oracles, ids, table), "declared": declared(rows),
     }

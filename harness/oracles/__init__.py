@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.oracles import (
-    accept_length, batch_invariance, cached_tokens, completeness, cross_engine, logprobs, nan, pd_audit, pool_audit,
-    tokens,
+    accept_length, applied, batch_invariance, cached_tokens, completeness, cross_engine, logprobs, nan, pd_audit,
+    pool_audit, tokens,
 )
 from harness.oracles.view import Oracle, PassView
 from harness.results.rows import Verdict
@@ -28,6 +28,7 @@ BUILTIN: tuple[Oracle, ...] = (
     accept_length.ORACLE,
     cross_engine.ORACLE,
     pd_audit.ORACLE,
+    applied.ORACLE,
 )
 _ORACLES: dict[str, Oracle] = {oracle.name: oracle for oracle in BUILTIN}
 

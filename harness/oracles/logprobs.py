@@ -28,7 +28,10 @@ def judge(views: Sequence[PassView]) -> Verdict:
 
     At a divergence that is not a tie, the cell's logprob of the token golden chose (from its top-k)
     is compared too: damage that flips the very first decoded token shows here, not only in ``tokens``. A request
-    is judged up to its first finding no declaration excuses; an excused one does not end it.
+    is judged up to its first finding no declaration excuses; an excused one does not end it. Where the engine says
+    which of a reply's tokens a verify step emitted (``PassResult.verified``), each finding says so (``token``:
+    "drafted", a draft the target accepted or the token it sampled after them; else "sampled"), so that a
+    declaration can excuse the drafted tokens' alone.
     """
     findings = []
     worst = 0.0
@@ -39,6 +42,7 @@ def judge(views: Sequence[PassView]) -> Verdict:
             want = golden.get(out.rid)
             if want is None:
                 continue
+            drafted = view.got.verified.get(out.rid)
             stop = first_divergence(out.tokens, want.tokens)
             steps = [(s, out.logprobs[s]) for s in range(min(len(out.logprobs), len(want.logprobs)) if stop is None else stop)]
             if stop is not None and want.margins[stop] >= view.tie():
@@ -46,7 +50,8 @@ def judge(views: Sequence[PassView]) -> Verdict:
             for step, got in steps:
                 delta = float("inf") if got is None else abs(got - want.logprobs[step])
                 finding = {**view.where(), "request": out.rid, "step": step, "expected": want.logprobs[step],
-                           "got": got, "delta": delta, "tolerance": tol}
+                           "got": got, "delta": delta, "tolerance": tol,
+                           **({} if drafted is None else {"token": "drafted" if step in drafted else "sampled"})}
                 if delta <= tol:
                     worst = max(worst, delta)
                 elif view.excused("logprobs", finding):

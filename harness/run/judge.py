@@ -3,44 +3,20 @@ references the plan named, with what the workload and the engine's traits imply;
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from fixtures.spec_expect import accept_band
 from fixtures.workloads import CachedExpectation
 from harness import oracles
-from harness.oracles.view import PASSES, KnownFailure, PassView
+from harness.oracles.view import KnownFailure, PassView
 from harness.results.rows import Verdict
 from harness.run.serve import WorkloadRun
 from harness.sut.base import PassResult
+from harness.sut.rules import rule_of
 
 
 def expected_cached(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]:
-    """The workload's cached-token expectation for one pass of ``run``.
-
-    The cold and warm passes get the workload's bounds. An isolation workload's second tenant must hit
-    nothing at all, its second engine what the warm pass hits (from whichever tier). A cell that injects
-    transport failures (PD) retries a request whose transfer failed, and the retry may hit the pages its
-    first attempt computed: any pass may then reach what all prompts imply. A request aborted in the cold
-    pass may have cached only part of its prompt: the warm pass must reach at least what the completed
-    requests' prompts imply.
-    """
-    traits, cache = run.traits, run.traits.cache
-    if not cache.enabled or name == "tenant":
-        return {r.rid: CachedExpectation(0, 0, cache.page_size) for r in run.workload.requests}
-    args = dict(page_size=cache.page_size, state_interval=cache.state_interval, hybrid=traits.hybrid,
-                chunk_size=cache.chunk_size, tiers=cache.tiers)
-    # the cache model (exact for a sequential workload, dense, no proposer) knows one engine's cold and warm pass
-    model = dict(exact=cache.model_cache and traits.spec.method == "none" and name in PASSES, decodes=not traits.pd)
-    if not traits.aborts_allowed:
-        expected = run.workload.expected_cached(**args, **model, warm=name != "cold")
-        if name == "instance":
-            return {rid: replace(e, host=None, storage=None) for rid, e in expected.items()}
-        return expected
-    ceiling = run.workload.expected_cached(**args, warm=True)
-    completed = {o.rid for o in run.passes["cold"].outputs if o.finish_reason == "length"}
-    floor = run.workload.expected_cached(**args, warm=True, cached_from=completed) if name != "cold" else None
-    return {rid: CachedExpectation(floor[rid].lo if floor else 0, e.hi, e.page_size, None, None)
-            for rid, e in ceiling.items()}
+    """The cached-token expectation for one pass of ``run``: the engine's own rule says it (``CacheTraits.rule``)."""
+    return rule_of(run.traits).expected(run.workload, run.traits, name, run.passes)
 
 
 def pass_views(run: WorkloadRun, references: Mapping[str, WorkloadRun], tolerances: Mapping[str, float],

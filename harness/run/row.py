@@ -54,6 +54,7 @@ def metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, g
         **_pd_metrics(runs),
         "golden_reused": len(own_runs) < len(runs),
         **_server_logs(own_runs),
+        **_applied(runs),
         **{f"engine_{what}_seconds": round(sum(r.totals.seconds.get(what, 0.0) for r in own_runs), 4)
            for what in sorted({what for r in own_runs for what in r.totals.seconds})},
     }
@@ -63,6 +64,16 @@ def _server_logs(runs: list[WorkloadRun]) -> dict[str, object]:
     """A server cell: the output files its servers wrote, each once (absent for an engine that keeps none)."""
     logs = list(dict.fromkeys(log for r in runs for log in r.totals.logs))
     return {"server_logs": logs} if logs else {}
+
+
+def _applied(runs: list[WorkloadRun]) -> dict[str, object]:
+    """What the engine reports it applied (absent where it reports nothing): each setting's value as used, and every
+    change from what the cell asked, as "what: asked X, engine used Y"."""
+    settings = list(dict.fromkeys(s for r in runs for s in r.traits.applied))
+    if not settings:
+        return {}
+    return {"applied": {s.what: s.used for s in settings},
+            "applied_changes": [s.describe() for s in settings if s.changed]}
 
 
 def _pd_metrics(runs: list[WorkloadRun]) -> dict[str, object]:

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from fixtures.workloads import Workload
+from fixtures.workloads import CachedExpectation, Workload
 from harness.sut.levels import EngineLevels
 from reference_impl.request import RequestOutput, RequestSpec
 
@@ -37,6 +37,38 @@ class SpecTraits:
         return self.k + 1
 
 
+class CacheRule(Protocol):
+    """How an engine's prefix cache grants hits (``harness.sut.rules``): the cached tokens each request of one pass
+    should get. An object, so that it travels with the traits to a worker process and into a golden run."""
+
+    #: one line naming the rule and where it is written down (a finding carries it)
+    name: str
+
+    def expected(self, workload: Workload, traits: Traits, name: str,
+                 passes: Mapping[str, PassResult]) -> dict[str, CachedExpectation]:
+        """rid → the cached tokens allowed in pass ``name`` (``passes`` holds every pass the system served)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """One setting as the cell asked for it and as the engine reports it applied (``used``); ``defeats`` says why
+    the difference defeats what the cell tests ("" when it does not, or when they agree)."""
+
+    what: str
+    asked: object
+    used: object
+    defeats: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return self.asked != self.used
+
+    def describe(self) -> str:
+        """``slots: asked 4, engine used 1``."""
+        return f"{self.what}: asked {self.asked}, engine used {self.used}"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CacheTraits:
     """The prefix cache as the engine applied it: what its hits are judged by."""
@@ -46,7 +78,7 @@ class CacheTraits:
     chunk_size: int              # the Mamba2 SSD chunk, which with the page size sets the snapshot grid
     state_interval: int          # tokens between the hybrid model's cached state snapshots
     tiers: tuple[str, ...] = ()  # the cache's tiers below L1 ("host", "storage")
-    model_cache: bool = False    # its hits follow fixtures/workloads/cache_model.py's rules (the reference engine's do)
+    rule: CacheRule | None = None  # how it grants hits, the engine's own rule; None: the shared paged prefix cache's
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +94,7 @@ class Traits:
     aborts_allowed: bool = False  # PD cells that inject transport failures may end requests "aborted"
     audited: bool = True          # the idle engine audits its pools (pool_audit judges it); a real engine does not
     pd: bool = False  # a prefill engine and a decode server: the client's hit is the prefill side's, which never decodes
+    applied: tuple[Applied, ...] = ()  # settings read back from the engine, beside what the cell asked (none: not read)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -73,6 +106,10 @@ class PassResult:
     audit: list[str] = field(default_factory=list)     # idle-engine integrity problems; empty when sound
     counters: dict[str, int] = field(default_factory=dict)  # decode counters over this pass alone
     pd: dict | None = None  # PD engines: the pass's ledger (reference_impl.pd.ledger.PassLedger.to_json()); else None
+    # where the engine says (llama.cpp's replies do): rid → the slot that served it (id_slot), and rid → the steps of
+    # its reply a verify step emitted
+    placement: dict[str, int] = field(default_factory=dict)
+    verified: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True, kw_only=True)

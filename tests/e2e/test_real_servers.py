@@ -49,6 +49,11 @@ def running_servers(report: Path) -> list[str]:
 
 
 def run_smoke(tmp_path: Path, matrix: str) -> dict[str, str]:
+    """cell → status of a run of ``matrix``, every cell passing or failing only as declared, no server left."""
+    return {cell: row["status"] for cell, row in smoke_rows(tmp_path, matrix).items()}
+
+
+def smoke_rows(tmp_path: Path, matrix: str) -> dict[str, dict]:
     from harness.cli.main import main
 
     report = tmp_path / "out"
@@ -58,7 +63,7 @@ def run_smoke(tmp_path: Path, matrix: str) -> dict[str, str]:
     assert running_servers(report) == [], "a server outlived its cell"
     assert code == 0 and set(statuses.values()) <= {"pass", "xfail"}, statuses
     assert all(Path(log).is_file() for row in rows for log in row["metrics"].get("server_logs", []))
-    return statuses
+    return {row["cell_id"]: row for row in rows}
 
 
 @pytest.mark.vllm
@@ -73,8 +78,15 @@ def test_the_vllm_server_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_llamacpp_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
     needs_llama_server()
-    statuses = run_smoke(tmp_path, "llamacpp_smoke")
+    rows = smoke_rows(tmp_path, "llamacpp_smoke")
+    statuses = {cell: row["status"] for cell, row in rows.items()}
     assert len(statuses) == 6 and "pass" in statuses.values() and "xfail" in statuses.values(), statuses
+    # judged by llama.cpp's own slot rule: cached_tokens passes every cache-on cell with nothing excused, and the row
+    # shows what the server applied, read back from it
+    cache_on = [row for row in rows.values() if row["factors"]["cache"] == "device"]
+    assert cache_on and all(row["oracles"]["cached_tokens"]["verdict"] == "pass"
+                            and not row["oracles"]["cached_tokens"].get("excused") for row in cache_on), statuses
+    assert all(row["metrics"]["applied"]["slots"] == row["factors"]["slots"] for row in rows.values())
 
 
 def golden_tokens(matrix: str, workload: str) -> dict[str, list[int]]:

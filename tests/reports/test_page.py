@@ -140,3 +140,31 @@ def test_strict_content_security_policy_and_no_script(sample: list[dict]) -> Non
     assert "default-src 'none'" in policy and "script-src" not in policy and "'unsafe-inline'" not in policy
     assert re.search(r"style-src 'self' 'sha256-[A-Za-z0-9+/=]+'", policy)
     assert '<link rel="stylesheet" href="report.css">' in html and "<script" not in html
+
+
+def test_engine_findings_and_harness_limitations_are_listed_apart(sample: list[dict]) -> None:
+    """Each declaration the cells matched once, under its class, with its upstream status and what it excused."""
+    bug = {"number": 1, "when": {"spec": ["draft"]}, "fails": ["logprobs"], "reason": "drafted tokens read 0.0",
+           "signature": {"got": [0.0], "token": ["drafted"]}, "class": "engine bug",
+           "upstream": "ggml-org/llama.cpp#27972", "seen_on": "llama.cpp 0c1e570"}
+    limit = {"number": 2, "when": {"cache": ["device"]}, "fails": ["cached_tokens"], "reason": "not read back",
+             "signature": {"got": ["0"]}, "class": "harness limitation", "upstream": "none: the engine's own choice",
+             "seen_on": "SGLang 0.5.23"}
+    rows = copy.deepcopy(sample[:40])
+    for row, declarations, excused in ((rows[0], [bug], 3), (rows[1], [bug, limit], 2)):
+        row["status"] = "xfail"
+        row["expected"] = {"when": [], "fails": [], "reason": "", "declarations": declarations}
+        row["oracles"]["logprobs"] = {"verdict": "pass", "message": "excused", "detail": [], "excused": {"1": excused}}
+    html = page(rows)
+    section = html[html.index('id="declared"'): html.index('id="grid"')]
+    engine = section[section.index("Engine findings"): section.index("Harness limitations")]
+    harness = section[section.index("Harness limitations"):]
+    assert "ggml-org/llama.cpp#27972" in engine and "2 cell(s) (xfail 2), 5 finding(s) excused" in engine
+    assert "got = 0.0, token = drafted" in engine and "not read back" not in engine
+    assert "none: the engine&#39;s own choice" in harness and "1 cell(s) (xfail 1), 0 finding(s) excused" in harness
+    assert "27972" not in harness
+    assert 'id="declared"' not in page(sample[:40])  # nothing declared: no section
+    untriaged = {"number": 3, "when": {}, "fails": ["error: TypeError"], "reason": "declared before the re-triage"}
+    rows[2]["expected"] = {"when": [], "fails": [], "reason": "", "declarations": [untriaged]}
+    html = page(rows)
+    assert "Not yet triaged" in html and "upstream: not stated" in html

@@ -20,22 +20,26 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from fixtures.workloads import Workload
 from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
-from harness.sut.openai import LEVELS
+from harness.sut.openai import LEVELS, llamacpp
 from harness.sut.openai.launch import Launch, free_port
 from harness.sut.openai.server import ServerProcess
-from harness.sut.openai.wire import API, ServerError, metric_sums, pass_counters, request_output
+from harness.sut.openai.wire import API, Reply, ServerError, metric_sums, pass_counters, request_output
 from harness.sut.process import LOGS_ENV
 from reference_impl.request import RequestOutput, RequestSpec
 
 #: the top logprobs asked per step: the top-2 margin tells a tie from a divergence.
 TOP_LOGPROBS = 2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: what a healthy server of each wire format is read back for: its cache rule and the settings it applied (a format
+#: not here keeps the shared paged-cache rule and reads nothing back)
+READ_BACK = {"llamacpp": llamacpp.applied}
 
 
 def server_traits(server: Mapping, levels: Mapping[str, object]) -> Traits:
@@ -95,8 +99,17 @@ class ServerEngine:
             self.process = ServerProcess(self.launch.argv, self.launch.env, port,
                                          self.log_dir / f"{self.log_stem}-{self.starts}.log")
             started = self.process.wait_healthy(self.server["health"], self.start_timeout_s)
+            self._read_back()
         self.served = True
         return self.process, started
+
+    def _read_back(self) -> None:
+        """The cache rule the server's cells are judged by and the settings it applied, as it reports them."""
+        read = READ_BACK.get(self.server["api"])
+        if read is not None:
+            traits = server_traits(self.server, self.levels)
+            rule, applied = read(self.process, self.launch, traits.cache.enabled, self.request_timeout_s)
+            self.traits = replace(traits, cache=replace(traits.cache, rule=rule), applied=applied)
 
     def session(self, workload: Workload) -> ServerSession:
         return ServerSession(self)
@@ -148,13 +161,19 @@ class ServerSystem:
         before = self._metrics() if metric_names else {}
         outputs: list[RequestOutput] = []
         counters = {name: 0 for name in counted}
+        placement: dict[str, int] = {}
+        verified: dict[str, tuple[int, ...]] = {}
         began = time.perf_counter()
         for group in rounds:
             for batch in ([[r] for r in group] if self.alone else [list(group)]):
-                for output, per_request in self._together(batch):
-                    outputs.append(output)
-                    for name in counters.keys() & per_request.keys():
-                        counters[name] += per_request[name]
+                for reply in self._together(batch):
+                    outputs.append(reply.output)
+                    for name in counters.keys() & reply.counters.keys():
+                        counters[name] += reply.counters[name]
+                    if reply.slot is not None:
+                        placement[reply.output.rid] = reply.slot
+                    if reply.verified is not None:
+                        verified[reply.output.rid] = reply.verified
         self.seconds["requests"] += time.perf_counter() - began
         if metric_names:
             after = self._metrics()
@@ -162,9 +181,10 @@ class ServerSystem:
                 if metric not in after:
                     raise ServerError(f"malformed metrics: {server['metrics']} has no {metric!r}")
                 counters[name] = int(round(after[metric] - before.get(metric, 0.0)))
-        return PassResult(outputs=outputs, counters=pass_counters(counters, outputs))
+        return PassResult(outputs=outputs, counters=pass_counters(counters, outputs), placement=placement,
+                          verified=verified)
 
-    def _together(self, batch: list[RequestSpec]) -> list[tuple[RequestOutput, dict[str, int]]]:
+    def _together(self, batch: list[RequestSpec]) -> list[Reply]:
         """``batch``'s requests in flight at once, answers in request order. On a timeout or Ctrl-C the threads are
         left to end with the server's sockets when the cell stops it, never waited on here."""
         pool = ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="kvmatrix-request")
@@ -173,7 +193,7 @@ class ServerSystem:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _one(self, request: RequestSpec) -> tuple[RequestOutput, dict[str, int]]:
+    def _one(self, request: RequestSpec) -> Reply:
         server, launch = self.engine.server, self.engine.launch
         body = {**API[server["api"]].body(request, TOP_LOGPROBS, server["model_name"]), **launch.request}
         if server["priority"] is not None:

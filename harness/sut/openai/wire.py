@@ -52,6 +52,7 @@ class Generated:
     top_ids: list[list[int]]
     top_logprobs: list[list[float]]
     finish_reason: str
+    verified: tuple[int, ...] | None = None  # the steps a verify step emitted, where the format says (else None)
 
 
 def openai_body(request: RequestSpec, top: int, model: str) -> dict:
@@ -109,7 +110,11 @@ def llamacpp_parse(doc: object, what: str) -> Generated:
         top_ids.append([int(field_at(ranked, f"{j}.id", int, what)) for j in range(len(ranked))])
         top_lps.append([float(field_at(ranked, f"{j}.logprob", (int, float), what)) for j in range(len(ranked))])
     stop = str(field_at(doc, "stop_type", str, what))
-    return Generated(tokens, chosen, top_ids, top_lps, LLAMACPP_FINISH.get(stop, stop))
+    # a token a verify step emits (a drafted one the target accepted, or the one it sampled after them) comes back
+    # without the top logprobs asked for (server-context.cpp: "result.prob = 1.0f; // set later", "TODO: set
+    # result.probs"); a token decoded alone always has them (populate_token_probs)
+    verified = tuple(i for i, ranked in enumerate(top_ids) if not ranked)
+    return Generated(tokens, chosen, top_ids, top_lps, LLAMACPP_FINISH.get(stop, stop), verified)
 
 
 def sglang_body(request: RequestSpec, top: int, model: str) -> dict:
@@ -147,10 +152,25 @@ API: Mapping[str, Api] = {
 }
 
 
-def request_output(server: Mapping, request: RequestSpec, doc: object,
-                   counted: bool = True) -> tuple[RequestOutput, dict[str, int]]:
-    """One response read through the server's format: the output the oracles judge, and its per-request
-    counters (``counted``: a cell with a proposer, whose responses must carry them)."""
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One response as the harness reads it: the output the oracles judge, its per-request counters, and what the
+    server says of how it served it, where its format says: the slot (llama.cpp's ``id_slot``) and the reply's steps
+    a verify step emitted (else None)."""
+
+    output: RequestOutput
+    counters: dict[str, int]
+    slot: int | None = None
+    verified: tuple[int, ...] | None = None
+
+
+#: where each wire format names the slot (or worker) that served a request, where it does
+SLOT_FIELD = {"llamacpp": "id_slot"}
+
+
+def request_output(server: Mapping, request: RequestSpec, doc: object, counted: bool = True) -> Reply:
+    """One response read through the server's format (``counted``: a cell with a proposer, whose responses must carry
+    the per-request counters)."""
     what = f"to request {request.rid!r}"
     gen = API[server["api"]].parse(doc, what)
     for name, values in (("logprobs", gen.logprobs), ("top_logprobs", gen.top_logprobs)):
@@ -159,11 +179,12 @@ def request_output(server: Mapping, request: RequestSpec, doc: object,
     cached = int(field_at(doc, server["cached_tokens"], int, what))
     counters = {name: int(field_at(doc, where, int, what))
                 for name, (kind, where) in server["counters"].items() if kind == "response" and counted}
-    return RequestOutput(
+    slot = SLOT_FIELD.get(server["api"])
+    return Reply(RequestOutput(
         rid=request.rid, tokens=gen.tokens, logprobs=gen.logprobs, top_ids=gen.top_ids,
         top_logprobs=gen.top_logprobs, margins=[s[0] - s[1] if len(s) > 1 else math.inf for s in gen.top_logprobs],
         cached_tokens=cached, cached_device=cached, finish_reason=gen.finish_reason,
-    ), counters
+    ), counters, None if slot is None else int(field_at(doc, slot, int, what)), gen.verified)
 
 
 def pass_counters(counters: dict[str, int], outputs: Sequence[RequestOutput]) -> dict[str, int]:

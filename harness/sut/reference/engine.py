@@ -14,6 +14,7 @@ from dataclasses import replace
 from fixtures.workloads import Workload
 from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
 from harness.sut.reference import LEVELS
+from harness.sut.rules import PagedPrefixCache
 from reference_impl import registry
 from reference_impl.cache.radix import NoCache
 from reference_impl.cache.store.backends import FileStore
@@ -54,6 +55,11 @@ def make_engine(config: EngineConfig) -> Engine | DisaggEngine:
 DECODE_COUNTERS = ("decode_forwards", "emitted_tokens", "verify_steps", "verify_emitted")
 #: the whole-run EngineStats counters a cell's metrics report.
 TOTAL_COUNTERS = ("preemptions", "decode_forwards", "emitted_tokens", "draft_full_hits", "draft_partial_hits")
+#: the reference's cache rule: its radix cache (reference_impl/cache/radix.py: whole pages of finished prompts, a
+#: match of the prompt less its last token, LRU eviction of unlocked leaves) and its tiers, whose hits under pool
+#: pressure the independent cache model (fixtures/workloads/cache_model.py) predicts exactly.
+CACHE_RULE = PagedPrefixCache(model=True, name="the reference's radix cache (reference_impl/cache/radix.py) and its "
+                                                "cache model (fixtures/workloads/cache_model.py)")
 
 
 class ReferenceSystem:
@@ -67,7 +73,7 @@ class ReferenceSystem:
             spec=SpecTraits(method=str(LEVELS.full(levels)["spec"]), k=config.num_draft_tokens),
             cache=CacheTraits(enabled=config.cache is not NoCache, page_size=config.page_size,
                               chunk_size=config.model.mamba.chunk_size, state_interval=config.state_interval,
-                              tiers=tuple(self.engine.cache.lower_tiers), model_cache=True),
+                              tiers=tuple(self.engine.cache.lower_tiers), rule=CACHE_RULE),
             aborts_allowed=config.pd_fail_rate > 0, pd=config.pd is not None,
         )
 

@@ -197,3 +197,30 @@ def test_a_device_that_is_not_here_is_one_line_and_exit_2(tmp_path: Path, capsys
                  "--report-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "sees no CUDA device" in err and len(err.strip().splitlines()) == 1
+
+
+
+ROOT = Path(__file__).resolve().parents[3]
+#: matrices whose declarations predate issue #29's re-triage, left out of the check below. The vLLM re-triage is
+#: pending: its EAGLE block drop (by design, vLLM PR #17137) and the hybrid model's raised block size are
+#: expectations of harness/sut/vllm's own cache rule, which that package does not state yet.
+RETRIAGE_PENDING = ("vllm", "vllm_server", "vllm_smoke")
+MATRICES = sorted(p for p in (ROOT / "matrices").glob("*.toml") if p.stem not in RETRIAGE_PENDING)
+
+
+def test_the_matrices_left_out_of_the_declaration_check_exist_and_declare_something() -> None:
+    for name in RETRIAGE_PENDING:
+        assert "[[expected]]" in (ROOT / "matrices" / f"{name}.toml").read_text(), f"{name}: nothing left to re-triage"
+
+
+@pytest.mark.parametrize("path", MATRICES, ids=lambda p: p.stem)
+def test_every_declaration_names_its_signature_class_and_upstream(path: Path) -> None:
+    """A declared known failure says what it excuses (an oracle's signature, or the exception type it names), what
+    it is (an engine bug or a harness limitation: a documented difference is an expectation, never declared), where
+    it stands upstream and the version it was seen on."""
+    for entry in load_matrix(str(path)).expected:
+        where = f"{path.name} [[expected]] #{entry.number}"
+        errors_only = all(name.startswith("error: ") for name in entry.fails)
+        assert errors_only or entry.signature, f"{where}: no signature (which findings does it excuse?)"
+        assert entry.kind in ("engine bug", "harness limitation"), f"{where}: class {entry.kind!r}"
+        assert entry.upstream and entry.seen_on, f"{where}: no upstream status or no version it was seen on"

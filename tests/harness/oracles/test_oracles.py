@@ -10,7 +10,7 @@ from fixtures.workloads import CachedExpectation
 from harness.oracles import judge, oracles
 from harness.oracles.tokens import TOKEN_WINDOW
 from harness.oracles.view import KnownFailure, PassView
-from harness.sut.base import CacheTraits, PassResult, SpecTraits, Traits
+from harness.sut.base import Applied, CacheTraits, PassResult, SpecTraits, Traits
 from reference_impl.engine.model_runner import NanEvent
 from reference_impl.request import RequestOutput, RequestSpec
 
@@ -36,7 +36,8 @@ def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None
          reference: list[RequestOutput] | None = None, spec_reference: list[RequestOutput] | None = None,
          spec_reference_counters: dict[str, int] | None = None, cross_reference: list[RequestOutput] | None = None,
          tolerances: dict[str, float] | None = None, accept_band: tuple[float, float] | None = None,
-         known: tuple[KnownFailure, ...] = ()) -> PassView:
+         known: tuple[KnownFailure, ...] = (), applied: tuple[Applied, ...] = (),
+         verified: dict[str, tuple[int, ...]] | None = None) -> PassView:
     """One pass as an oracle sees it, built from plain values: what each test changes is named, the rest is a
     sound pass of ``outputs`` against a ``golden`` equal to it. ``reference`` is what batch invariance holds the pass
     to: each request alone for the cold pass, the cold pass for a later one."""
@@ -53,9 +54,9 @@ def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None
     traits = Traits(dtype=dtype, model="m", hybrid=hybrid, deterministic=deterministic,
                     spec=SpecTraits(method=spec, k=max_accept_length - 1, pass_counted=pass_counted),
                     cache=CacheTraits(enabled=True, page_size=page_size, chunk_size=page_size, state_interval=page_size),
-                    aborts_allowed=aborts_allowed, audited=audited)
+                    aborts_allowed=aborts_allowed, audited=audited, applied=applied)
     got = PassResult(outputs=outputs, nan_events=nan_events or [], audit=audit or [], counters=counters or {},
-                     pd=pd_ledger)
+                     pd=pd_ledger, verified=verified or {})
     return PassView(
         workload=workload, name=name, got=got, traits=traits, references=references,
         requests=tuple(RequestSpec(rid, prompts.get(rid, ()), n) for rid, n in requested.items()),
@@ -81,7 +82,7 @@ def test_every_oracle_passes_on_identical_results() -> None:
     verdicts = judge([view(baseline(), deterministic=True, reference=baseline(),
                            spec_reference=baseline(), max_accept_length=4, page_size=4, pd_ledger=LEDGER,
                            prompts={"a": tuple(range(12)), "b": (1, 2, 3, 4)}, name="cold",
-                           cross_reference=baseline())])
+                           cross_reference=baseline(), applied=(Applied("slots", 4, 4),))])
     assert {name: v.status for name, v in verdicts.items()} == {name: "pass" for name in ORACLES}
 
 
@@ -156,7 +157,7 @@ def test_cached_tokens_fails_on_wrong_count() -> None:
     outs[0].cached_tokens = outs[0].cached_device = 4
     v = ORACLES["cached_tokens"]([view(outs, baseline())])
     assert v.status == "fail" and v.detail[0] == {
-        "workload": "w", "pass": "warm", "request": "a", "expected": "8", "got": "4",
+        "workload": "w", "pass": "warm", "request": "a", "expected": "8", "got": "4", "rule": "",
         "expected_tiers": {"total": [8, 8], "host": 0, "storage": 0},
         "got_tiers": {"total": 4, "device": 4, "host": 0, "storage": 0}}
 
@@ -371,3 +372,29 @@ def test_a_signature_excuses_only_the_oracle_it_names() -> None:
     outs[1].tokens[2] = 99
     verdicts = judge([view(outs, baseline(), known=(ZERO_LOGPROB,))])
     assert verdicts["logprobs"].excused == {1: 1} and verdicts["tokens"].status == "fail"
+
+
+def test_a_signature_on_drafted_tokens_excuses_them_alone() -> None:
+    """Where the engine says which steps a verify step emitted, the finding says so and a declaration naming
+    ``token = "drafted"`` excuses those steps' 0.0 and no sampled token's."""
+    drafted = KnownFailure(1, ("logprobs",), (("got", (0.0,)), ("token", ("drafted",))))
+    outs = baseline()
+    outs[0].logprobs[2:] = [0.0, 0.0]
+    v = ORACLES["logprobs"]([view(outs, baseline(), known=(drafted,), verified={"a": (2, 3), "b": ()})])
+    assert v.status == "pass" and v.excused == {1: 2}
+    outs[1].logprobs[1] = 0.0  # the same 0.0 on a token b decoded alone
+    v = ORACLES["logprobs"]([view(outs, baseline(), known=(drafted,), verified={"a": (2, 3), "b": ()})])
+    assert v.status == "fail" and [(f["request"], f["step"], f["token"]) for f in v.detail] == [("b", 1, "sampled")]
+    # an engine that does not say which tokens were drafted: no finding carries the field, none is excused
+    assert ORACLES["logprobs"]([view(outs, baseline(), known=(drafted,))]).excused == {}
+
+
+def test_applied_fails_only_on_a_change_that_defeats_the_cell() -> None:
+    assert ORACLES["applied"]([view(baseline())]).status == "skip"  # nothing read back
+    harmless = Applied("kv_unified", False, True)
+    v = ORACLES["applied"]([view(baseline(), applied=(Applied("slots", 4, 4), harmless))])
+    assert v.status == "pass" and "kv_unified: asked False, engine used True" in v.message
+    dropped = Applied("speculative", True, False, "the cell tests speculative decoding and the server runs without it")
+    v = ORACLES["applied"]([view(baseline(), applied=(harmless, dropped))])
+    assert v.status == "fail" and v.detail == [{"setting": "speculative", "expected": True, "got": False,
+                                                "defeats": dropped.defeats}]

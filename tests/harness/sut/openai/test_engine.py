@@ -220,7 +220,8 @@ def test_an_openai_response_becomes_the_oracles_output() -> None:
         "top_logprobs": [{"token_id:10": -2.87, "token_id:229": -1.1}, {"token_id:255": -2.5, "token_id:231": -2.8}]}}],
         "usage": {"prompt_tokens_details": {"cached_tokens": 32}}}
     server = {"api": "openai", "cached_tokens": "usage.prompt_tokens_details.cached_tokens", "counters": {}}
-    out, counters = request_output(server, RequestSpec(rid="r", prompt=[1, 2], max_new_tokens=2), doc)
+    reply = request_output(server, RequestSpec(rid="r", prompt=[1, 2], max_new_tokens=2), doc)
+    out, counters = reply.output, reply.counters
     assert out.tokens == [229, 255] and out.top_ids == [[229, 10], [255, 231]]
     assert out.cached_tokens == out.cached_device == 32 and counters == {}
     assert out.margins[0] == pytest.approx(1.77)
@@ -230,16 +231,24 @@ def test_an_openai_response_becomes_the_oracles_output() -> None:
 
 
 def test_a_llamacpp_response_becomes_the_oracles_output() -> None:
-    doc = {"tokens": [7, 9], "stop_type": "limit", "timings": {"cache_n": 4, "draft_n": 6, "draft_n_accepted": 5},
+    doc = {"tokens": [7, 9, 4], "stop_type": "limit", "id_slot": 1,
+           "timings": {"cache_n": 4, "draft_n": 6, "draft_n_accepted": 5},
            "completion_probabilities": [
                {"id": 7, "logprob": -0.1, "top_logprobs": [{"id": 7, "logprob": -0.1}, {"id": 3, "logprob": -2.5}]},
-               {"id": 9, "logprob": -0.2, "top_logprobs": [{"id": 9, "logprob": -0.2}, {"id": 1, "logprob": -1.5}]}]}
+               {"id": 9, "logprob": -0.2, "top_logprobs": [{"id": 9, "logprob": -0.2}, {"id": 1, "logprob": -1.5}]},
+               {"id": 4, "logprob": 0.0, "top_logprobs": []}]}
     server = {"api": "llamacpp", "cached_tokens": "timings.cache_n",
               "counters": {"draft_tokens": ["response", "timings.draft_n"],
                            "accepted_tokens": ["response", "timings.draft_n_accepted"]}}
-    out, counters = request_output(server, RequestSpec(rid="r", prompt=[1], max_new_tokens=2), doc)
-    assert out.tokens == [7, 9] and out.finish_reason == "length" and out.cached_tokens == 4
+    reply = request_output(server, RequestSpec(rid="r", prompt=[1], max_new_tokens=3), doc)
+    out, counters = reply.output, reply.counters
+    assert out.tokens == [7, 9, 4] and out.finish_reason == "length" and out.cached_tokens == 4
     assert counters == {"draft_tokens": 6, "accepted_tokens": 5}
+    # the slot that served it, and the token a verify step emitted (returned without the top logprobs asked)
+    assert reply.slot == 1 and reply.verified == (2,)
+    with pytest.raises(ServerError, match=r"no field 'id_slot'"):
+        request_output(server, RequestSpec(rid="r", prompt=[1], max_new_tokens=3),
+                       {k: v for k, v in doc.items() if k != "id_slot"})
     del doc["completion_probabilities"][1]["top_logprobs"][0]["logprob"]
     with pytest.raises(ServerError, match=r"no field '0.logprob'"):
         llamacpp_parse(doc, "to request 'r'")

@@ -66,7 +66,8 @@ def test_what_sglang_overrides_silently_stays_in_the_matrix_declared(matrix) -> 
 
 def test_a_greedy_response_reads_back(matrix) -> None:
     doc = recorded("generate_greedy.json")
-    out, counters = request_output(matrix.engine_args, request(), doc, counted=False)
+    reply = request_output(matrix.engine_args, request(), doc, counted=False)
+    out, counters = reply.output, reply.counters
     assert out.tokens == doc["output_ids"] and len(out.logprobs) == 4 and out.cached_tokens == 0
     assert [ids[0] for ids in out.top_ids] == out.tokens and all(m > 0 for m in out.margins)
     assert out.finish_reason == "length" and counters == {}
@@ -74,7 +75,8 @@ def test_a_greedy_response_reads_back(matrix) -> None:
 
 def test_a_cached_speculative_response_gives_sglangs_accept_length(matrix) -> None:
     doc = recorded("generate_cached_spec.json")
-    out, counters = request_output(matrix.engine_args, request(), doc)
+    reply = request_output(matrix.engine_args, request(), doc)
+    out, counters = reply.output, reply.counters
     assert out.cached_tokens == 4 and counters == {"verify_steps": 2}
     settled = pass_counters(counters, [out])
     assert settled == {"drafts": 2, "accepted_tokens": 2}
