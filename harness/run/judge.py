@@ -22,7 +22,8 @@ def expected_cached(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]
     transport failures (PD) retries a request whose transfer failed, and the retry may hit the pages its
     first attempt computed: any pass may then reach what all prompts imply. A request aborted in the cold
     pass may have cached only part of its prompt: the warm pass must reach at least what the completed
-    requests' prompts imply.
+    requests' prompts imply. An engine whose cache keys a tier otherwise gives its own rule (``CacheTraits.rule``),
+    applied last.
     """
     traits, cache = run.traits, run.traits.cache
     if not cache.enabled or name == "tenant":
@@ -35,7 +36,7 @@ def expected_cached(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]
         expected = run.workload.expected_cached(**args, **model, warm=name != "cold")
         if name == "instance":
             return {rid: replace(e, host=None, storage=None) for rid, e in expected.items()}
-        return expected
+        return expected if cache.rule is None else cache.rule(run.workload, name, expected)
     ceiling = run.workload.expected_cached(**args, warm=True)
     completed = {o.rid for o in run.passes["cold"].outputs if o.finish_reason == "length"}
     floor = run.workload.expected_cached(**args, warm=True, cached_from=completed) if name != "cold" else None

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from fixtures.workloads import Workload
+from fixtures.workloads import CachedExpectation, Workload
 from harness.sut.levels import EngineLevels
 from reference_impl.request import RequestOutput, RequestSpec
 
@@ -37,6 +37,11 @@ class SpecTraits:
         return self.k + 1
 
 
+#: an engine's own rule for one pass's cached tokens, held in its package with a citation: (workload, pass name, what
+#: the page rule implies per request) → what the engine's cache implies (``harness.run.judge`` applies it last).
+CacheRule = Callable[[Workload, str, Mapping[str, CachedExpectation]], dict[str, CachedExpectation]]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CacheTraits:
     """The prefix cache as the engine applied it: what its hits are judged by."""
@@ -47,6 +52,7 @@ class CacheTraits:
     state_interval: int          # tokens between the hybrid model's cached state snapshots
     tiers: tuple[str, ...] = ()  # the cache's tiers below L1 ("host", "storage")
     model_cache: bool = False    # its hits follow fixtures/workloads/cache_model.py's rules (the reference engine's do)
+    rule: CacheRule | None = None  # the engine's own rule where its hits follow another (a tier keyed otherwise)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,142 @@
+"""vLLM's PD handoff under test (``pd = nixl``): a prefill engine and a decode engine, two children started side by
+side, every request handed from one to the other as vLLM's toy proxy hands it.
+
+Who owns a request's KV at each step of a handoff:
+
+1. the prefill child computes the prompt (``max_tokens = 1``, ``kv_transfer_params`` asking for a remote decode); its
+   blocks stay allocated after the request finishes, leased to the decode side, and its answer carries the
+   ``kv_transfer_params`` that name them (engine, host, side-channel port, block ids);
+2. the harness hands those parameters, untouched, to the same request on the decode child (``handoff``);
+3. the decode child allocates its own blocks past its local prefix hit, reads the prefill side's blocks into them
+   over NIXL (UCX over loopback, CPU memory on both sides) and notifies the prefill side, which frees its blocks at
+   its next step; the decode child then decodes. Its ``num_cached_tokens`` is the prefill side's hit, by design.
+
+The prefill side's own first token is never compared: the decode side computes it again (on the hybrid model the
+prefill side even stops one token short). What crossed is in each side's metrics, kept per pass as the pass's
+ledger (``PassResult.pd``) for the pd_audit oracle, with the layout and the rules it is judged by.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Mapping, Sequence
+
+from harness.sut.base import PassResult, Totals, Traits
+from harness.sut.vllm.connectors import NIXL_ENV, PD_ROLES, PREFILL_PARAMS, PREFILL_TOKENS, SIDE_CHANNEL_PORT_ENV, pd_config
+from harness.sut.vllm.protocol import (
+    SPEC_COUNTERS, ChildProcess, EngineChildError, add_counters, field, request_output, serve_message,
+)
+from reference_impl.request import RequestOutput, RequestSpec
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback now (each engine's NIXL side channel listens on one)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class PdPair:
+    """A ``kv_producer`` (prefill) and a ``kv_consumer`` (decode) child, each a process group of its own, started side
+    by side with the cell's arguments (a proposer on both: the decode side's KV layout, draft layers included, must be
+    the prefill side's); ``backoff`` is the prompt tokens the decode side computes itself (``nixl_backoff``)."""
+
+    def __init__(self, level: str, arguments: Mapping[str, object], env: Mapping[str, str], backoff: int) -> None:
+        self.level, self.backoff = level, backoff
+        self.sides: dict[str, ChildProcess] = {}
+        started = time.perf_counter()
+        try:
+            for side, role in zip(("prefill", "decode"), PD_ROLES):
+                child = ChildProcess({**env, **NIXL_ENV, SIDE_CHANNEL_PORT_ENV: str(free_port())}, name=f"{side} engine")
+                self.sides[side] = child
+                child.send({"op": "start", "engine_args": {**arguments, "kv_transfer_config": pd_config(level, role)}})
+            for child in self.sides.values():
+                child.receive("start")
+            self.layout = self.decode.ask({"op": "layout"})
+        except BaseException:
+            self.close()
+            raise
+        self.start_seconds = time.perf_counter() - started
+
+    @property
+    def prefill(self) -> ChildProcess:
+        return self.sides["prefill"]
+
+    @property
+    def decode(self) -> ChildProcess:
+        return self.sides["decode"]
+
+    def handoff(self, group: Sequence[RequestSpec], prefilled: Sequence[Mapping]) -> list[Mapping]:
+        """The decode side's ``kv_transfer_params`` for each request of ``group``: what the prefill side answered for
+        that request, as it answered it."""
+        params = []
+        for request, out in zip(group, prefilled):
+            if out.get("rid") != request.rid or not isinstance(out.get("kv_transfer_params"), dict):
+                raise EngineChildError(f"the prefill engine answered no kv_transfer_params for request {request.rid!r} "
+                                       f"(got {out.get('kv_transfer_params')!r:.120} for {out.get('rid')!r})")
+            params.append(out["kv_transfer_params"])
+        return params
+
+    def reset(self) -> None:
+        """Both sides' prefix caches emptied: the next workload starts cold."""
+        for child in self.sides.values():
+            child.ask({"op": "reset"})
+
+    def close(self) -> None:
+        """Stop both children, whatever happens to either."""
+        try:
+            for child in self.sides.values():
+                child.close()
+        finally:
+            self.sides = {}
+
+
+class PdSystem:
+    """A PD pair behind the system-under-test protocol: each round prefilled on one side, handed over, decoded on the
+    other; a warm pass is a second handoff of the same prompts on the same pair. Closing leaves the pair to the cell."""
+
+    def __init__(self, pair: PdPair, traits: Traits, start_seconds: float) -> None:
+        self.pair = pair
+        self.traits = traits
+        self.seconds = {"start": start_seconds, "prefill": 0.0, "requests": 0.0}
+        self.moved = {"transfers": 0, "bytes": 0, "tokens": 0, "failed": 0}
+
+    def serve(self, rounds: Sequence[Sequence[RequestSpec]]) -> PassResult:
+        outputs: list[RequestOutput] = []
+        sides: dict[str, dict[str, int]] = {"prefill": {}, "decode": {}}
+        hits: dict[str, int] = {}
+        for group in rounds:
+            prefilled = self.pair.prefill.ask(serve_message(group, max_new_tokens=PREFILL_TOKENS,
+                                                            handoff=[dict(PREFILL_PARAMS) for _ in group]))
+            prefill_outputs = field(prefilled, "outputs", list)
+            hits.update({str(out["rid"]): int(field(out, "num_cached_tokens", int)) for out in prefill_outputs})
+            decoded = self.pair.decode.ask(serve_message(group, handoff=self.pair.handoff(group, prefill_outputs)))
+            outputs += [request_output(out) for out in field(decoded, "outputs", list)]
+            self.seconds["prefill"] += float(field(prefilled, "seconds", (int, float)))
+            self.seconds["requests"] += float(field(decoded, "seconds", (int, float)))
+            add_counters(sides["prefill"], prefilled, "")
+            add_counters(sides["decode"], decoded, "")
+        # the proposer runs on both sides, but only the decode side decodes: its counters are the pass's
+        spec = {name: sides["decode"].pop(name) for name in SPEC_COUNTERS}
+        for name in SPEC_COUNTERS:
+            sides["prefill"].pop(name)
+        return PassResult(outputs=outputs, counters=spec, pd=self._ledger(sides, hits))
+
+    def _ledger(self, sides: Mapping[str, Mapping[str, int]], hits: Mapping[str, int]) -> dict:
+        """The pass's ledger: each side's connector counters, the prefill side's hit per request, and what they are
+        judged by (the decode side's KV layout and how many prompt tokens it computes itself)."""
+        decode = sides["decode"]
+        self.moved["transfers"] += decode["nixl_transfers"]
+        self.moved["bytes"] += decode["nixl_bytes"]
+        self.moved["tokens"] += decode["external_kv_transfer"]
+        self.moved["failed"] += decode["nixl_failed_transfers"] + sides["prefill"]["nixl_failed_transfers"]
+        layout = self.pair.layout
+        return {"kind": "counted", "connector": self.pair.level, "prefill_hits": dict(hits),
+                "prefill": dict(sides["prefill"]), "decode": dict(decode), "block_size": layout["block_size"],
+                "block_bytes": layout["block_bytes"], "state_bytes": layout["state_bytes"], "backoff": self.pair.backoff}
+
+    def totals(self) -> Totals:
+        return Totals(stats={}, pd=dict(self.moved), seconds=dict(self.seconds))
+
+    def close(self) -> None:
+        pass
