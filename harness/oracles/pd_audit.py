@@ -18,7 +18,7 @@ FAILS_WHEN = (
     "PD cells only: the ledger both sides keep of every handoff disagrees with the prompts or the client's view "
     "(checks: pages sent, abort left memory, staging regions, metadata slots, prefill verify scratch, "
     "cached_tokens; counted per pass: prefilled, decode split, connector hits, decode hit, bytes, transfers, "
-    "failed transfers)"
+    "failed transfers, prefill hit, emptied)"
 )
 
 def _ceil_div(a: int, b: int) -> int:
@@ -107,6 +107,8 @@ def _counted_findings(view: PassView) -> list[dict]:
          "none may fail"),
         ("prefill hit", sum(led["prefill_hits"].values()), prefill["local_cache_hit"], None,
          "the prefill side's per-request hits add up to its counted hit"),
+        ("emptied", "an empty prefix cache before the pass", "blocks still held" if not led["emptied"] else None,
+         led["emptied"], "the prefill side frees what it leased once the decode side has read it"),
     ]
     if led["block_bytes"] is not None:
         blocks = sum(_ceil_div(n - backoff, block) for n in lengths) - hit // block

@@ -10,8 +10,11 @@ One JSON object per line on stdin, one answer per line on stdout, logs on stderr
         -> {"ok": true, "seconds": s, "outputs": [{"rid", "tokens", "logprobs", "top_ids", "top_logprobs",
             "num_cached_tokens", "finish_reason", "kv_transfer_params"}], "spec": {"drafts", "draft_tokens",
             "accepted_tokens", "accepted_per_pos"}, "connector": {name: count over this serve}}
-    {"op": "reset", "reset_connector": bool}       -> {"ok": true, "reset": bool}: an empty prefix cache (and,
-                                                      asked, the KV connector's), so the next pass starts cold
+    {"op": "reset", "reset_connector": bool, "settle_s": s}
+                                                   -> {"ok": true, "reset": bool, "steps": n}: an empty prefix cache
+                                                      (and, asked, the KV connector's), so the next pass starts
+                                                      cold; within settle_s the idle engine is stepped until
+                                                      the blocks it holds for a PD handoff are free
     {"op": "layout"}                               -> {"ok": true, "block_size", "block_bytes", "state_bytes"}: the
                                                       KV cache as applied (one block of every attention layer,
                                                       one request's state in every Mamba layer, in bytes)
@@ -101,7 +104,17 @@ class Child:
     def reset(self, msg: dict) -> dict:
         if self.llm is None:
             raise ProtocolError("reset: no engine yet (send start first)")
-        return {"reset": bool(self.llm.reset_prefix_cache(reset_connector=bool(msg.get("reset_connector", False))))}
+        # a PD prefill engine holds a finished request's blocks until the decode side has read them, and frees them
+        # only at a later step: ``settle_s`` steps the idle engine (connector polling, no tokens) until they are free
+        reset_connector, settle = bool(msg.get("reset_connector", False)), float(msg.get("settle_s", 0.0))
+        began, steps = time.perf_counter(), 0
+        while not (done := self.llm.reset_prefix_cache(reset_connector=reset_connector)):
+            if time.perf_counter() - began >= settle:
+                break
+            self.llm.llm_engine.step()
+            steps += 1
+            time.sleep(0.01)
+        return {"reset": bool(done), "steps": steps}
 
     def layout(self, msg: dict) -> dict:
         """The KV cache as applied: its block size, the bytes one block of every attention layer holds and the

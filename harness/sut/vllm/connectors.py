@@ -9,6 +9,8 @@ cache = lmcache         ``LMCacheConnectorV1`` (``lmcache`` installs only with C
 pd = nixl               ``NixlConnector``: a ``kv_producer`` prefill engine and a ``kv_consumer`` decode engine,
                         KV buffers in CPU memory, UCX over loopback
 pd = mooncake           ``MooncakeConnector`` (needs an accelerator device)
+pd × a tier             the prefill engine's PD connector and the tier under ``MultiConnector``; the decode
+                        engine has its PD connector alone
 ======================  ================================================================================
 """
 from __future__ import annotations
@@ -63,14 +65,19 @@ def tier_config(level: str, directory: Path | None) -> dict | None:
     return config
 
 
-def pd_config(level: str, role: str) -> dict:
-    """``kv_transfer_config`` for one engine (``role``: ``kv_producer`` or ``kv_consumer``) of a PD pair."""
+def pd_config(level: str, role: str, tier: Mapping | None = None) -> dict:
+    """``kv_transfer_config`` for one engine (``role``: ``kv_producer`` or ``kv_consumer``) of a PD pair; ``tier`` (a
+    ``tier_config``) puts a tier beside the producer's PD connector, both under vLLM's ``MultiConnector``: the prefill
+    side's prefix cache then has a tier below it, as a production prefill fleet's does."""
     if role not in PD_ROLES:
         raise ValueError(f"a PD engine is a kv_producer or a kv_consumer, not {role!r}")
     config: dict = {"kv_connector": PD_CONNECTORS[level], "kv_role": role}
     if level == "nixl":
         config["kv_buffer_device"] = "cpu"  # UCX over DRAM: what a CPU-only box has
-    return config
+    if tier is None or role != "kv_producer":
+        return config
+    return {"kv_connector": "MultiConnector", "kv_role": role,
+            "kv_connector_extra_config": {"connectors": [config, dict(tier)]}}
 
 
 # -- what each connector moves, by vLLM's source ---------------------------------------------------------------

