@@ -21,8 +21,9 @@ SHOWN_FINDINGS = 5
 #: above this many cells the passing ones start folded away: a closed <details> is parsed but not laid
 #: out, which keeps a 5,000-cell page quick to open (BENCHMARKS.md, bench_report.py).
 OPEN_TABLE_LIMIT = 1000
-HEADER_FIELDS = ("matrix", "matrix_file", "matrix_sha256", "mode", "strength", "faults", "device", "device_name", "shard",
-                 "cells_planned", "commit", "date", "host", "versions", "command", "run_id")
+HEADER_FIELDS = ("matrix", "matrix_file", "matrix_sha256", "accepted_changes", "mode", "strength", "faults", "device",
+                 "device_name", "engine", "engine_version", "shard", "cells_planned", "commit", "date", "host", "versions",
+                 "command", "run_id")
 
 
 def anchors(cell_ids: Sequence[str]) -> dict[str, str]:

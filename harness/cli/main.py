@@ -1,6 +1,7 @@
 """The command line: list a matrix, run it, check faults on it, list them; report, compare, locate (harness.cli.triage).
 
-Exit 0 pass, 1 fail, 2 bad input."""
+Exit 0 pass, 1 fail, 2 bad input; stopped by SIGINT, SIGTERM or SIGHUP: 128 + the signal (130, 143, 129), with one
+line on stderr, after every process the command started is stopped (harness.sut.interrupt)."""
 from __future__ import annotations
 
 import argparse
@@ -18,18 +19,21 @@ from harness.cli.tables import add_table_commands
 from harness.cli.triage import TriageInputError, add_triage_commands
 from harness.matrix.covering import Covering
 from harness.matrix.file import named_matrix
-from harness.matrix.model import Cell, MatrixError, coverage, generate, generate_certified, lower_bound
+from harness.matrix.model import (
+    Cell, MatrixError, coverage, generate, generate_certified, lower_bound, ofat_coverage,
+)
 from harness.matrix.selection import SelectionError, parse_shard, select_cells, select_shard
 from harness.results.header import add_run_options
 from harness.results.reader import load
 from harness.results.rows import FAILING, CellResult
-from harness.results.store import ResultsStore, RunInfo
+from harness.results.store import ResultsStore, ResumeRefused, RunInfo
 from harness.run.faultcheck import check_fault, check_fault_set
 from harness.run.parallel import default_jobs, execute
 from harness.run.plan import plan_cell
 from harness.run.session import MatrixRun
 from harness.sut import UnknownEngineError
-from harness.sut.process import logs_kept_under
+from harness.sut.interrupt import signum_of, stop_on_signals
+from harness.sut.process import logs_kept_under, stop_all
 from reference_impl.faults import FAULTS, UnknownFaultError
 from reports.html import write_report
 from reports.junit import write_junit
@@ -47,16 +51,25 @@ def cmd_list(args: argparse.Namespace) -> int:
     cells, certificate = generate_certified(matrix)
     for cell in cells:
         print(cell.cell_id)
-    t = matrix.strength if matrix.mode == "t-wise" else min(2, len(matrix.factors))
-    report = coverage(matrix, cells, t)
-    print(f"{len(cells)} cells ({matrix.mode}{f', t={matrix.strength}' if matrix.mode == 't-wise' else ''})")
-    print(certificate_line(len(cells), t, lower_bound(matrix, t), certificate))
+    if matrix.mode == "ofat":  # the golden cell and each other level alone: not a covering array of any strength
+        report = ofat_coverage(matrix, cells)
+        print(f"{len(cells)} cells (ofat)")
+        print(f"lower bound: {report.required} cells (the golden cell and one per level off it); "
+              f"{'optimal (proven)' if len(cells) == report.required else f'ratio {len(cells) / report.required:.2f}'}")
+        what = f"{report.required} (the golden cell, and each other level with every other factor golden)"
+    else:
+        t = matrix.strength if matrix.mode == "t-wise" else min(2, len(matrix.factors))
+        report = coverage(matrix, cells, t)
+        print(f"{len(cells)} cells ({matrix.mode}{f', t={matrix.strength}' if matrix.mode == 't-wise' else ''})")
+        print(certificate_line(len(cells), t, lower_bound(matrix, t), certificate))
+        groups = "".join(f" + {s}-tuples of {', '.join(names)}" for names, s in matrix.stronger)
+        what = f"{report.required} allowed {t}-tuples{groups}"
     if matrix.cost:
         print(f"total cost {math.fsum(matrix.cost_of(cell) for cell in cells):g} "
               f"([cost] per cell: sum of its levels' costs, unlisted levels 1)")
     state = "OK" if report.ok else f"MISSING {len(report.missing)}"
-    groups = "".join(f" + {s}-tuples of {', '.join(names)}" for names, s in matrix.stronger)
-    print(f"coverage t={t}: {report.covered}/{report.required} allowed {t}-tuples{groups} covered: {state}")
+    label = "ofat" if matrix.mode == "ofat" else f"t={report.strength}"
+    print(f"coverage {label}: {report.covered}/{what} covered: {state}")
     return 0 if report.ok else 1
 
 
@@ -97,9 +110,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     header = run.header(args.matrix, args.shard, len(cells))
     info = RunInfo(matrix.name, matrix.mode, matrix.strength, sorted(faults), len(cells), header=header, device=args.device)
     store = ResultsStore(Path(args.report_dir), info, render=write_report)
-    done = store.start(args.resume, {c.cell_id for c in cells})
+    done = store.start(args.resume, {c.cell_id for c in cells}, accept_changed=args.accept_changed)
     started = time.perf_counter()
-    interrupted = False
+    interrupted = 0  # the signal that stopped the run
     with RunProgress(len(cells)) as progress:
         for i, cell in enumerate(cells, 1):
             if cell.cell_id in done:
@@ -108,11 +121,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:  # what the cells' processes print is kept beside their rows
             with logs_kept_under(store.dir):
                 _run_cells(run, cells, done, jobs, store, progress)
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as exc:
+            interrupted = signum_of(exc)
     store.finish(order=[c.cell_id for c in cells])
     ids = {c.cell_id for c in cells}
-    rows = [r for r in load([store.dir]).rows if r["cell_id"] in ids]
+    rows = [r for r in load([store.dir]).rows if r["cell_id"] in ids] if store.results_path.exists() else []
     counts = Counter(r["status"] for r in rows)
     print(f"{len(rows)} cells: {', '.join(f'{n} {s}' for s, n in sorted(counts.items()))} in "
           f"{time.perf_counter() - started:.1f}s; golden runs {goldens.computed} computed, {goldens.reused} reused")
@@ -121,8 +134,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"junit: {args.junit}")
     print(f"report: {store.index_path}")
     if interrupted:
-        print(f"interrupted: {len(rows)} of {len(cells)} cells kept; --resume goes on from there", file=sys.stderr)
-        return 130
+        print(f"interrupted by {signal_name(interrupted)}: {len(rows)} of {len(cells)} cells kept; --resume goes on "
+              f"from there", file=sys.stderr)
+        return 128 + interrupted
     return 1 if any(counts[status] for status in FAILING) else 0
 
 
@@ -179,7 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=cmd_list)
     run = sub.add_parser("run", help="run a matrix and write the report")
     add_run_options(run.add_argument, ("matrix", "strength", "inject_fault", "report_dir", "shard", "device"))
-    run.add_argument("--resume", action="store_true", help="keep finished cells of the same run in --report-dir")
+    run.add_argument("--resume", action="store_true", help="keep finished cells of the same run in --report-dir "
+                     "(refused when the matrix file, faults, strength, device or engine version changed since)")
+    run.add_argument("--accept-changed", action="store_true",
+                     help="with --resume: keep the finished cells although the run changed (the run header records what)")
     run.add_argument("--cell", action="append", default=[], metavar="ID",
                      help="run only this cell (repeatable); any allowed combination of the matrix's levels")
     run.add_argument("--junit", metavar="FILE", help="also write the cells of this run as JUnit XML (one test case per cell)")
@@ -197,15 +214,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        # started with SIGINT ignored (a background job of a script, a pytest-xdist worker's child): Python then
-        # installs no KeyboardInterrupt, and an interrupted run would go on to its end instead of keeping what
-        # finished and stopping (exit 130); a run always hears the interrupt it is sent
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return args.handler(args)
-    except (MatrixError, UnknownFaultError, UnknownEngineError, UsageError, SelectionError, TriageInputError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    with stop_on_signals():  # SIGTERM and SIGHUP as Ctrl-C: whatever was started is stopped, then 128 + signal
+        try:
+            args = build_parser().parse_args(argv)
+            if getattr(args, "accept_changed", False) and not args.resume:
+                raise UsageError("--accept-changed only applies with --resume")
+            return args.handler(args)
+        except (MatrixError, UnknownFaultError, UnknownEngineError, UsageError, SelectionError, TriageInputError,
+                ResumeRefused) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as exc:  # before the run kept anything (or in a command that keeps nothing)
+            signum = signum_of(exc)
+            print(f"interrupted by {signal_name(signum)}", file=sys.stderr)
+            return 128 + signum
+        finally:
+            stop_all()  # a group an interrupt caught as it started, before its engine held it

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from pathlib import Path
 
 from harness import oracles
@@ -22,7 +23,11 @@ from harness.matrix.model import Expected, Tolerance, matrix_error
 
 DECLARED_TABLES = ("expected", "tolerances")
 _ERROR = re.compile(r"error: [A-Za-z_][A-Za-z0-9_]*")
-_EXPECTED_KEYS = ("when", "fails", "reason")
+_EXPECTED_KEYS = ("when", "fails", "reason", "signature", "class", "upstream", "seen_on")
+_EXPECTED_REQUIRED = ("when", "fails", "reason")
+#: what a declaration can be. A difference an engine documents is not one of them: it is an expectation the
+#: engine's package states (its rules), never a declared failure.
+KINDS = ("engine bug", "harness limitation")
 _TOLERANCE_KEYS = ("when", "logprobs", "tie", "reason")
 
 LevelTable = Callable[[str, object], Mapping[str, tuple[object, ...]]]
@@ -30,7 +35,7 @@ LevelTable = Callable[[str, object], Mapping[str, tuple[object, ...]]]
 
 def parse_declared(path: Path, doc: Mapping[str, object], level_table: LevelTable) -> dict[str, object]:
     """The Matrix fields of ``[[expected]]`` and ``[[tolerances]]``."""
-    return {"expected": tuple(_expected(path, f"[[expected]] #{i}", entry, level_table)
+    return {"expected": tuple(_expected(path, f"[[expected]] #{i}", i, entry, level_table)
                               for i, entry in enumerate(_entries(path, doc, "expected"), start=1)),
             "tolerances": tuple(_tolerance(path, f"[[tolerances]] #{i}", entry, level_table)
                                 for i, entry in enumerate(_entries(path, doc, "tolerances"), start=1))}
@@ -58,8 +63,8 @@ def _reason(path: Path, where: str, reason: object, what: str) -> str:
     return reason
 
 
-def _expected(path: Path, where: str, entry: dict, level_table: LevelTable) -> Expected:
-    _keys(path, where, entry, _EXPECTED_KEYS, _EXPECTED_KEYS)
+def _expected(path: Path, where: str, number: int, entry: dict, level_table: LevelTable) -> Expected:
+    _keys(path, where, entry, _EXPECTED_KEYS, _EXPECTED_REQUIRED)
     fails = entry["fails"] if isinstance(entry["fails"], list) else [entry["fails"]]
     if not fails:
         raise matrix_error(path, f"{where} fails", "empty (name the oracle or the error type that fails)")
@@ -68,7 +73,34 @@ def _expected(path: Path, where: str, entry: dict, level_table: LevelTable) -> E
             raise matrix_error(path, f"{where} fails", f"{name!r} is neither an oracle ({', '.join(oracles.names())}) "
                                f"nor 'error: ExceptionType'")
     reason = _reason(path, where, entry["reason"], "the upstream issue, or a sentence saying why")
-    return Expected(level_table(f"{where} when", entry["when"]), tuple(fails), reason)
+    kind, upstream, seen_on = (_text(path, f"{where} {key}", entry.get(key)) for key in ("class", "upstream", "seen_on"))
+    if kind is not None and kind not in KINDS:
+        raise matrix_error(path, f"{where} class", f"{kind!r} is not one of {', '.join(KINDS)} (a difference the engine "
+                           f"documents is an expectation of its package, not a declared failure)")
+    signature = _signature(path, f"{where} signature", entry.get("signature", {}), fails)
+    return Expected(level_table(f"{where} when", entry["when"]), tuple(fails), reason, signature, kind, upstream,
+                    seen_on, number)
+
+
+def _text(path: Path, key: str, value: object) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise matrix_error(path, key, f"needs a non-empty string, got {value!r}")
+    return value
+
+
+def _signature(path: Path, key: str, table: object, fails: list[str]) -> Mapping[str, tuple[object, ...]]:
+    """``signature``: finding field → the value (or list of values) a finding it excuses has there."""
+    if not isinstance(table, dict):
+        raise matrix_error(path, key, f"expected a table of finding field = value(s), got {type(table).__name__}")
+    if table and all(_ERROR.fullmatch(name) for name in fails):
+        raise matrix_error(path, key, "an error declaration's signature is its exception type; name an oracle in fails")
+    parsed = {}
+    for field, value in table.items():
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
+            raise matrix_error(path, f"{key}.{field}", f"expected a value or a non-empty list of values, got {value!r}")
+        parsed[field] = tuple(values)
+    return MappingProxyType(parsed)
 
 
 def _tolerance(path: Path, where: str, entry: dict, level_table: LevelTable) -> Tolerance:

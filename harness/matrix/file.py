@@ -82,8 +82,9 @@ def load_matrix(
     stronger = parse_stronger(path, doc.get("stronger", []), dict(factors), header)
     rules = parse_workload_rules(path, doc.get("workloads", []), dict(factors), known_workloads, levels)
     declared = parse_declared(path, doc, lambda key, value: parse_level_table(path, key, value, dict(factors), levels))
+    loaded = {**doc, "matrix": {**doc["matrix"], "timeout_s": header["timeout_s"]}}  # the cell's timeout, default or not
     try:
-        engine_args = engine.parse_tables(doc, dict(factors), golden_table)
+        engine_args = engine.parse_tables(loaded, dict(factors), golden_table)
     except TableError as exc:
         raise matrix_error(path, exc.key, str(exc)) from exc
     matrix = Matrix(path=path, factors=factors, constraints=constraints, golden=golden, cost=cost,

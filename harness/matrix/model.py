@@ -46,18 +46,33 @@ def matches(when: Mapping[str, tuple[object, ...]], row: Mapping[str, object]) -
 
 @dataclass(frozen=True, slots=True)
 class Expected:
-    """``[[expected]]``: a declared known failure: cells matching ``when`` fail exactly ``fails``, for ``reason``."""
+    """``[[expected]]``: a declared known failure: cells matching ``when`` fail ``fails``, for ``reason``.
+
+    ``signature`` narrows it to the findings it excuses (finding field → the values that match, e.g. ``got = 0.0``);
+    without one it excuses every finding of the oracles it names. ``kind`` says what it is (an engine bug, or a
+    limitation of the harness), ``upstream`` where it is reported ("unreported" where nowhere), ``seen_on`` the
+    engine version it was seen on; ``number`` is its position in the file (``[[expected]] #number``).
+    """
 
     when: Mapping[str, tuple[object, ...]]
     fails: tuple[str, ...]
     reason: str
+    signature: Mapping[str, tuple[object, ...]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    kind: str | None = None
+    upstream: str | None = None
+    seen_on: str | None = None
+    number: int = 0
 
     def matches(self, row: Mapping[str, object]) -> bool:
         return matches(self.when, row)
 
     def to_json(self) -> dict:
-        return {"when": {f: list(levels) for f, levels in self.when.items()}, "fails": list(self.fails),
-                "reason": self.reason}
+        out = {"number": self.number, "when": {f: list(levels) for f, levels in self.when.items()},
+               "fails": list(self.fails), "reason": self.reason}
+        if self.signature:
+            out["signature"] = {key: list(values) for key, values in self.signature.items()}
+        return {**out, **{key: value for key, value in (("class", self.kind), ("upstream", self.upstream),
+                                                        ("seen_on", self.seen_on)) if value is not None}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,14 +161,19 @@ class Matrix:
 
     def expected_for(self, cell: Cell) -> dict | None:
         """The known failures ``cell`` is judged against: every ``[[expected]]`` entry it matches, merged (their
-        patterns, the union of what fails, their reasons); None when it matches none."""
-        row = cell.as_dict()
-        matched = [entry for entry in self.expected if entry.matches(row)]
+        patterns, the union of what fails, their reasons, each declaration whole); None when it matches none."""
+        matched = self.known_for(cell)
         if not matched:
             return None
         return {"when": [entry.to_json()["when"] for entry in matched],
                 "fails": list(dict.fromkeys(name for entry in matched for name in entry.fails)),
-                "reason": " | ".join(entry.reason for entry in matched)}
+                "reason": " | ".join(entry.reason for entry in matched),
+                "declarations": [entry.to_json() for entry in matched]}
+
+    def known_for(self, cell: Cell) -> tuple[Expected, ...]:
+        """Every ``[[expected]]`` entry ``cell`` matches, in file order."""
+        row = cell.as_dict()
+        return tuple(entry for entry in self.expected if entry.matches(row))
 
     def tolerances_for(self, cell: Cell) -> tuple[Tolerance, ...]:
         """Every ``[[tolerances]]`` entry ``cell`` matches (the loosest of each applies)."""
@@ -246,6 +266,28 @@ def coverage(matrix: Matrix, cells: Sequence[Cell], t: int) -> CoverageReport:
         for ttuple in covering.missing_tuples(rows, domains, t, allowed, stronger)
     )
     return CoverageReport(strength=t, required=required, covered=required - len(missing), missing=missing)
+
+
+def ofat_coverage(matrix: Matrix, cells: Sequence[Cell]) -> CoverageReport:
+    """What one factor at a time promises, and which of it ``cells`` hold: the golden cell, and each allowed level
+    of each factor in a cell whose every other factor is at its golden level (strength 1: one level per tuple;
+    the golden cell counts as the tuple of no level)."""
+    base = matrix.golden_cell()
+    required: list[tuple[tuple[str, object], ...]] = [()]
+    for i, (factor, levels) in enumerate(matrix.factors):
+        for level in levels:
+            changed = Cell((*base.factors[:i], (factor, level), *base.factors[i + 1:]))
+            if level != base.factors[i][1] and matrix.allows(changed.as_dict()):
+                required.append(((factor, level),))
+    held = {cell.factors for cell in cells}
+    missing = tuple(change for change in required if _changed(base, change).factors not in held)
+    return CoverageReport(strength=1, required=len(required), covered=len(required) - len(missing), missing=missing)
+
+
+def _changed(base: Cell, change: tuple[tuple[str, object], ...]) -> Cell:
+    """``base`` with the levels of ``change`` in place of its own."""
+    levels = dict(change)
+    return Cell(tuple((factor, levels.get(factor, level)) for factor, level in base.factors))
 
 
 def lower_bound(matrix: Matrix, t: int) -> int:

@@ -163,7 +163,7 @@ def _judge_counted(armed: Sequence[PassView]) -> Verdict:
     means = [pass_accept_length(v.got.counters) for v in armed]
     return verdict("accept_length", findings, f"mean accept length {min(means):.3f}..{max(means):.3f} as expected",
                    lambda f: f"{len(f)} finding(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['check']} vs "
-                             f"{f[0]['against']}: {f[0]['got']} (expected {f[0]['expected']})")
+                             f"{f[0]['against']}: {f[0]['got']} (expected {f[0]['expected']})", armed)
 
 
 def judge(views: Sequence[PassView]) -> Verdict:
@@ -183,7 +183,7 @@ def judge(views: Sequence[PassView]) -> Verdict:
     return verdict("accept_length", findings, f"mean accept length {min(means):.3f}..{max(means):.3f} as expected",
                    lambda f: f"{len(f)} finding(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['check']} vs "
                              f"{f[0]['against']}: {f[0].get('what') or f[0].get('request') or 'mean accept length'} "
-                             f"{f[0]['got']} (expected {f[0]['expected']})")
+                             f"{f[0]['got']} (expected {f[0]['expected']})", views)
 
 
 ORACLE = Oracle("accept_length", FAILS_WHEN, judge)

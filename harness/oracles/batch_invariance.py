@@ -57,7 +57,8 @@ def judge(views: Sequence[PassView]) -> Verdict:
         return Verdict("batch_invariance", "skip", "deterministic mode is off")
     return verdict("batch_invariance", findings, f"{checked} requests bitwise invariant ({exempt} preempted, exempt)",
                    lambda f: f"{len(f)} request(s) not bitwise invariant; first: {f[0]['workload']}/{f[0]['pass']} "
-                             f"vs {f[0]['against']} {f[0]['request']} step {f[0]['step']} ({f[0]['what']})")
+                             f"vs {f[0]['against']} {f[0]['request']} step {f[0]['step']} ({f[0]['what']})",
+                   views)
 
 
 ORACLE = Oracle("batch_invariance", FAILS_WHEN, judge)

@@ -48,7 +48,7 @@ def judge(views: Sequence[PassView]) -> Verdict:
     split = ", ".join(f"{tier} {n}" for tier, n in warm.items())
     return verdict("cached_tokens", findings, f"as expected ({sum(warm.values())} warm cached tokens: {split})",
                    lambda f: f"{len(f)} request(s) off; first: {f[0]['workload']}/{f[0]['pass']} {f[0]['request']}: "
-                             f"expected {f[0]['expected']}, got {f[0]['got']}")
+                             f"expected {f[0]['expected']}, got {f[0]['got']}", views)
 
 
 ORACLE = Oracle("cached_tokens", FAILS_WHEN, judge)

@@ -43,7 +43,7 @@ def judge(views: Sequence[PassView]) -> Verdict:
           "the rest with their length") if aborted else "every request finished once with its length"
     return verdict("completeness", findings, ok,
                    lambda f: f"{len(f)} problem(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['request']} "
-                             f"{f[0]['problem']}")
+                             f"{f[0]['problem']}", views)
 
 
 ORACLE = Oracle("completeness", FAILS_WHEN, judge)

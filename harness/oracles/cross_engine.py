@@ -39,7 +39,8 @@ def judge(views: Sequence[PassView]) -> Verdict:
     result = verdict("cross_engine", findings, f"{compared} golden request(s) agree with the other engine "
                      f"({len(ties)} ties)",
                      lambda f: f"{len(f)} request(s) differ from the other engine's golden; first: {f[0]['workload']} "
-                               f"{f[0]['request']} step {f[0]['step']}: expected {f[0]['expected']}, got {f[0]['got']}")
+                               f"{f[0]['request']} step {f[0]['step']}: expected {f[0]['expected']}, got {f[0]['got']}",
+                     views)
     if ties and result.status == "pass":
         result.detail = [{"tie": True, **t} for t in ties[:MAX_FINDINGS]]
     return result

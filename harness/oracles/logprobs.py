@@ -27,7 +27,8 @@ def judge(views: Sequence[PassView]) -> Verdict:
     """Logprobs of the golden tokens match golden within the dtype's tolerance, up to the first divergence.
 
     At a divergence that is not a tie, the cell's logprob of the token golden chose (from its top-k)
-    is compared too: damage that flips the very first decoded token shows here, not only in ``tokens``.
+    is compared too: damage that flips the very first decoded token shows here, not only in ``tokens``. A request
+    is judged up to its first finding no declaration excuses; an excused one does not end it.
     """
     findings = []
     worst = 0.0
@@ -44,14 +45,19 @@ def judge(views: Sequence[PassView]) -> Verdict:
                 steps.append((stop, _golden_token_logprob(out, want, stop)))
             for step, got in steps:
                 delta = float("inf") if got is None else abs(got - want.logprobs[step])
-                worst = max(worst, delta if delta == delta else float("inf"))
-                if not delta <= tol:
-                    findings.append({**view.where(), "request": out.rid, "step": step,
-                                     "expected": want.logprobs[step], "got": got, "delta": delta, "tolerance": tol})
+                finding = {**view.where(), "request": out.rid, "step": step, "expected": want.logprobs[step],
+                           "got": got, "delta": delta, "tolerance": tol}
+                if delta <= tol:
+                    worst = max(worst, delta)
+                elif view.excused("logprobs", finding):
+                    findings.append(finding)  # excused as declared: the steps after it are still judged
+                else:
+                    worst = max(worst, delta if delta == delta else float("inf"))
+                    findings.append(finding)
                     break
     return verdict("logprobs", findings, f"max |Δ logprob| {worst:.2e}",
                    lambda f: f"{len(f)} request(s) off by more than {f[0]['tolerance']}; first: {f[0]['request']} "
-                             f"step {f[0]['step']}: Δ {f[0]['delta']:.3g}")
+                             f"step {f[0]['step']}: Δ {f[0]['delta']:.3g}", views)
 
 
 ORACLE = Oracle("logprobs", FAILS_WHEN, judge)

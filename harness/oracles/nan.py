@@ -23,7 +23,7 @@ def judge(views: Sequence[PassView]) -> Verdict:
             if bad:
                 findings.append({**view.where(), "where": "logprobs", "request": out.rid, "step": bad[0]})
     return verdict("nan", findings, "no NaN/Inf seen",
-                   lambda f: f"non-finite values: first in {f[0]['where']} ({f[0]['workload']}/{f[0]['pass']})")
+                   lambda f: f"non-finite values: first in {f[0]['where']} ({f[0]['workload']}/{f[0]['pass']})", views)
 
 
 ORACLE = Oracle("nan", FAILS_WHEN, judge)

@@ -146,7 +146,8 @@ def judge(views: Sequence[PassView]) -> Verdict:
         findings += _pd_attempt_findings(view) + _pd_pass_findings(view) + _pd_hit_findings(view)
     return verdict("pd_audit", findings, f"{attempts} transfer attempts account exactly",
                    lambda f: f"{len(f)} finding(s); first: {f[0]['workload']}/{f[0]['pass']} "
-                             f"{f[0].get('request', '')} {f[0]['check']}: expected {f[0]['expected']}, got {f[0]['got']}")
+                             f"{f[0].get('request', '')} {f[0]['check']}: expected {f[0]['expected']}, got {f[0]['got']}",
+                   views)
 
 
 ORACLE = Oracle("pd_audit", FAILS_WHEN, judge)

@@ -20,7 +20,7 @@ def judge(views: Sequence[PassView]) -> Verdict:
         return Verdict("pool_audit", "skip", "the engine under test reports no pool audit")
     findings = [{**v.where(), "problem": p} for v in views for p in v.got.audit]
     return verdict("pool_audit", findings, "pools and cache consistent when idle",
-                   lambda f: f"{len(f)} problem(s); first: {f[0]['workload']}/{f[0]['pass']}: {f[0]['problem']}")
+                   lambda f: f"{len(f)} problem(s); first: {f[0]['workload']}/{f[0]['pass']}: {f[0]['problem']}", views)
 
 
 ORACLE = Oracle("pool_audit", FAILS_WHEN, judge)

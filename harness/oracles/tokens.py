@@ -39,6 +39,7 @@ def judge(views: Sequence[PassView]) -> Verdict:
         "tokens", findings, f"all tokens equal golden ({len(ties)} ties)",
         lambda f: f"{len(f)} request(s) diverge from golden; first: {f[0]['workload']}/{f[0]['pass']} "
                   f"{f[0]['request']} step {f[0]['step']}: expected {f[0]['expected']}, got {f[0]['got']}",
+        views,
     )
     if ties and result.status == "pass":
         result.detail = [{"tie": True, **t} for t in ties[:MAX_FINDINGS]]

@@ -36,6 +36,23 @@ LOGPROB_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.
 MAX_FINDINGS = 5
 
 
+@dataclass(frozen=True, slots=True)
+class KnownFailure:
+    """A declared known failure (``[[expected]] #number``) as the oracles apply it: it excuses the findings of the
+    oracles it ``fails`` whose fields match ``signature`` (every finding of theirs without one), and nothing else:
+    the same oracle still fails on any other damage in the cell."""
+
+    number: int
+    fails: tuple[str, ...]
+    signature: tuple[tuple[str, tuple[object, ...]], ...] = ()
+
+    def excuses(self, oracle: str, finding: Mapping[str, object]) -> bool:
+        return oracle in self.fails and all(finding.get(key, _ABSENT) in values for key, values in self.signature)
+
+
+_ABSENT = object()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PassView:
     """One pass of one workload as an oracle sees it."""
@@ -49,6 +66,7 @@ class PassView:
     expected_cached: Mapping[str, CachedExpectation] = field(default_factory=dict)  # rid → allowed cached_tokens
     tolerances: Mapping[str, float] = field(default_factory=dict)  # declared for the cell's levels: logprobs, tie
     accept_band: tuple[float, float] | None = None  # the workload's measured mean accept length for this proposer
+    known: tuple[KnownFailure, ...] = ()   # the cell's declared known failures: the findings they excuse
 
     @property
     def outputs(self) -> list[RequestOutput]:
@@ -80,6 +98,10 @@ class PassView:
         """The largest logprob difference accepted: declared for the cell's levels, else the dtype's."""
         return self.tolerances.get("logprobs", LOGPROB_TOLERANCE[self.traits.dtype])
 
+    def excused(self, oracle: str, finding: Mapping[str, object]) -> bool:
+        """Whether a declared known failure of the cell excuses ``finding`` of ``oracle``."""
+        return any(known.excuses(oracle, finding) for known in self.known)
+
     def where(self) -> dict[str, str]:
         """The start of every finding about this pass."""
         return {"workload": self.workload, "pass": self.name}
@@ -101,11 +123,22 @@ class Oracle:
         return self.judge(views)
 
 
-def verdict(oracle: str, findings: list[dict], ok_message: str, fail_message: Callable[[list[dict]], str]) -> Verdict:
-    """``fail`` with the first findings as evidence when there are any, else ``pass``."""
-    if findings:
-        return Verdict(oracle, "fail", fail_message(findings), findings[:MAX_FINDINGS])
-    return Verdict(oracle, "pass", ok_message)
+def verdict(oracle: str, findings: list[dict], ok_message: str, fail_message: Callable[[list[dict]], str],
+            views: Sequence[PassView] = ()) -> Verdict:
+    """``fail`` with the first findings as evidence when any is left once the cell's declared known failures have
+    excused theirs (counted per declaration), else ``pass``."""
+    known = views[0].known if views else ()
+    kept, excused = [], {}
+    for finding in findings:
+        by = next((k.number for k in known if k.excuses(oracle, finding)), None)
+        if by is None:
+            kept.append(finding)
+        else:
+            excused[by] = excused.get(by, 0) + 1
+    note = "; excused as declared: " + ", ".join(f"{n} by [[expected]] #{k}" for k, n in excused.items()) if excused else ""
+    if kept:
+        return Verdict(oracle, "fail", fail_message(kept) + note, kept[:MAX_FINDINGS], excused)
+    return Verdict(oracle, "pass", ok_message + note, excused=excused)
 
 
 def first_divergence(got: Sequence[object], want: Sequence[object]) -> int | None:

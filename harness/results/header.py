@@ -90,9 +90,31 @@ class RunHeader:
     host: str
     versions: dict[str, str] = field(default_factory=dict)
     command: str = ""
+    engine: str = ""
+    engine_version: str | None = None  # what the engine says it is (``Engine.version``); None when it cannot say
+    #: a ``--resume --accept-changed`` run: each ``RESUME_FIELDS`` field that changed, as "recorded → now"
+    accepted_changes: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+#: what ``--resume`` compares with the run it resumes: when one differs, the rows it would keep judged another run.
+RESUME_FIELDS = ("matrix_sha256", "faults", "strength", "device", "engine_version")
+
+
+def changed_since(recorded: Mapping[str, object], header: RunHeader) -> dict[str, str]:
+    """Each ``RESUME_FIELDS`` field where ``header`` differs from the ``recorded`` header, as "recorded → now";
+    a field the recorded header lacks (written by an older kvmatrix) is not compared."""
+    now = header.to_json()
+    return {name: f"{_shown(recorded[name])} → {_shown(now[name])}" for name in RESUME_FIELDS
+            if name in recorded and recorded[name] != now[name]}
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return "none" if value is None else str(value)
 
 
 def file_sha256(path: Path) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.results.files import INDEX, LOCK, REJECTED, RESULTS, RUNS, SUMMARY
-from harness.results.header import RunHeader
+from harness.results.header import RunHeader, changed_since
 from harness.results.reader import load, planned, summarize, write_summary
 from harness.results.rows import CellResult, dumps, read_rows, write_lines
 
@@ -28,6 +29,11 @@ Render = Callable[[Path, Sequence[dict], dict, Sequence[dict]], None]
 #: re-render the page after a cell only when this many render-times have passed since the last:
 #: the page costs at most 1/REFRESH_RATIO of the run, even at thousands of cells.
 REFRESH_RATIO = 10
+
+
+def _short_hashes(text: str) -> str:
+    """A change as a person reads it: SHA-256 digests cut to their first 12 hex digits."""
+    return re.sub(r"\b([0-9a-f]{12})[0-9a-f]{52}\b", r"\1…", text)
 
 
 @dataclass(slots=True)
@@ -42,6 +48,10 @@ class RunInfo:
     started: float = field(default_factory=time.time)
     header: RunHeader | None = None
     device: str = "cpu"
+
+
+class ResumeRefused(ValueError):
+    """``--resume`` onto a run that changed since (matrix file, faults, strength, device, engine version)."""
 
 
 def warn(message: str) -> None:
@@ -64,6 +74,7 @@ class ResultsStore:
         self._last_refresh = 0.0
         self._render_seconds = 0.0
         self._added: set[str] = set()
+        self._accepted_identity = False  # --accept-changed kept rows of other faults or another device
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -75,9 +86,14 @@ class ResultsStore:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def start(self, resume: bool, planned: set[str]) -> set[str]:
-        """Begin the run: replace the rows of the ``planned`` cells (with ``resume``, keep and return those)."""
+    def start(self, resume: bool, planned: set[str], accept_changed: bool = False) -> set[str]:
+        """Begin the run: replace the rows of the ``planned`` cells (with ``resume``, keep and return those).
+
+        ``resume`` onto a run whose header differs in a ``RESUME_FIELDS`` field raises ``ResumeRefused`` naming
+        the change, unless ``accept_changed``: then the rows are kept and this run's header records the change."""
         with self._locked():
+            if resume:
+                self._check_resumed(accept_changed)
             read = read_rows(self.results_path)
             if read.problems:
                 self._reject(read.problems)
@@ -99,6 +115,22 @@ class ResultsStore:
                 self._append(self.dir / RUNS, dumps(self.info.header.to_json()) + "\n")
             self._refresh()
         return done
+
+    def _check_resumed(self, accept_changed: bool) -> None:
+        """Compare this run's header with the latest recorded one of the same matrix and shard (the run resumed)."""
+        header = self.info.header
+        if header is None:
+            return
+        recorded = [r for r in read_rows(self.dir / RUNS, lambda r: None if isinstance(r, dict) else "not an object").rows
+                    if r.get("matrix") == header.matrix and r.get("shard") == header.shard]
+        changes = changed_since(recorded[-1], header) if recorded else {}
+        if changes and not accept_changed:
+            shown = "; ".join(f"{name} {_short_hashes(change)}" for name, change in changes.items())
+            raise ResumeRefused(f"--resume: the run in {self.dir} changed since: {shown}; run without --resume to start "
+                                f"afresh, or add --accept-changed to keep its rows anyway")
+        header.accepted_changes = changes
+        if changes.keys() & {"faults", "device"}:
+            self._accepted_identity = True  # the rows kept were made with the faults or on the device recorded
 
     def add(self, result: CellResult) -> None:
         """Append one finished cell; rebuild summary.json and index.html unless that was done very recently."""
@@ -139,8 +171,8 @@ class ResultsStore:
         write_lines(self.results_path, rows)
 
     def _same_run(self, row: dict) -> bool:
-        return (row.get("matrix") == self.info.matrix and sorted(row.get("faults", [])) == sorted(self.info.faults)
-                and row.get("device", self.info.device) == self.info.device)
+        return row.get("matrix") == self.info.matrix and (self._accepted_identity or (
+            sorted(row.get("faults", [])) == sorted(self.info.faults) and row.get("device", self.info.device) == self.info.device))
 
     def _reject(self, problems: list) -> None:
         """Name every unreadable line and move it, as it was, to results.rejected.jsonl."""

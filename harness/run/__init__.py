@@ -1,6 +1,5 @@
-"""Running cells: plan a cell, open its system under test, serve its workloads cold then warm, judge it.
-
-``runner`` (golden runs, one cell), ``oracles`` (the judges), ``parallel`` (``-j``: cells in worker
-processes), ``faultcheck`` (``harness kill``: each fault against its trigger cells), ``probes``
-(``harness locate``'s extra cells).
+"""Running cells: one cell's path in stages, ``plan`` → ``golden`` → ``serve`` → ``judge`` → ``row``, composed in
+``cell``; ``session`` (a run opened the same way by every entry point), ``parallel`` (``-j``: cells in worker
+processes), ``faultcheck`` (``harness kill``: each fault against its trigger cells), ``locate`` (``harness
+locate``'s extra cells).
 """

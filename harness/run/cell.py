@@ -48,7 +48,7 @@ def run_plan(plan: CellPlan, goldens: GoldenRuns, on_step: OnStep | None = None)
         with deadline(plan.timeout_s):
             served = _serve_cell(plan, goldens, step)
             verdicts = judge([view for run, references in zip(served.runs, served.references)
-                              for view in pass_views(run, references, plan.tolerances)])
+                              for view in pass_views(run, references, plan.tolerances, plan.known)])
     except Exception as exc:  # a crashing cell is a finding, not the end of the run
         return error_result(plan.result(), "".join(traceback.format_exception(exc)).strip(),
                             time.perf_counter() - started)

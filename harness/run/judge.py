@@ -8,7 +8,7 @@ from dataclasses import replace
 from fixtures.spec_expect import accept_band
 from fixtures.workloads import CachedExpectation
 from harness import oracles
-from harness.oracles.view import PASSES, PassView
+from harness.oracles.view import PASSES, KnownFailure, PassView
 from harness.results.rows import Verdict
 from harness.run.serve import WorkloadRun
 from harness.sut.base import PassResult
@@ -44,9 +44,11 @@ def expected_cached(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]
             for rid, e in ceiling.items()}
 
 
-def pass_views(run: WorkloadRun, references: Mapping[str, WorkloadRun], tolerances: Mapping[str, float]) -> list[PassView]:
+def pass_views(run: WorkloadRun, references: Mapping[str, WorkloadRun], tolerances: Mapping[str, float],
+               known: tuple[KnownFailure, ...] = ()) -> list[PassView]:
     """Every pass of ``run`` as the oracles see it: held to the cold pass of each reference run (``golden``,
-    ``spec_golden``, ``cross_engine``), to each request alone (the cold pass) or to its own cold pass (later ones)."""
+    ``spec_golden``, ``cross_engine``), to each request alone (the cold pass) or to its own cold pass (later ones),
+    with the cell's declared known failures (``known``)."""
     traits, workload = run.traits, run.workload
     held_to = {name: reference.passes["cold"] for name, reference in references.items()}
     band = accept_band(workload.name, traits.model, traits.spec.method, traits.spec.k)
@@ -57,7 +59,7 @@ def pass_views(run: WorkloadRun, references: Mapping[str, WorkloadRun], toleranc
             own["solo"] = run.solo
         views.append(PassView(workload=workload.name, name=name, requests=tuple(workload.requests), got=result,
                               traits=traits, references={**held_to, **own}, expected_cached=expected_cached(run, name),
-                              tolerances=dict(tolerances), accept_band=band))
+                              tolerances=dict(tolerances), accept_band=band, known=known))
     return views
 
 

@@ -11,9 +11,13 @@ one torch thread; they are not daemons, so a PD ``nixl`` cell can still start it
 (through a forkserver of the worker's own). A worker that dies (a segfault, the OOM killer) turns
 the cell it held into an ``error`` row and is replaced; a cell past its timeout raises in the
 worker (as in a serial run), and a worker that does not return within ``KILL_GRACE_S`` after that
-is killed and its cell becomes ``error``. Workers ignore Ctrl-C, which the parent handles: it
-stops them and raises, and every finished cell is already in results.jsonl (``--resume`` goes on
-from there). A worker whose parent is gone exits by itself.
+is killed and its cell becomes ``error``.
+
+Stopping: workers ignore Ctrl-C, which the parent handles (as SIGTERM and SIGHUP: harness.sut.interrupt). The
+parent stops its workers with SIGTERM, which a worker hears as ``Interrupted``: its cell unwinds, closing its
+engine and stopping the process groups it started; the parent waits for that (``WORKER_STOP_S``) before it
+kills a worker that has not ended, whose groups its watchdogs then stop. Every finished cell is already in
+results.jsonl (``--resume`` goes on from there). A worker whose parent is gone (killed) stops the same way.
 """
 from __future__ import annotations
 
@@ -35,11 +39,16 @@ from harness.run.golden import GoldenRuns
 from harness.run.plan import CellPlan
 from harness.run.row import error_result
 from harness.run.serve import deadline
+from harness.sut.interrupt import stop_on_signals
+from harness.sut.process import STOP_GRACE_S, is_live, stop_all
 
 #: seconds a worker may overrun its cell's timeout (the in-worker alarm fires first) before it is killed.
 KILL_GRACE_S = 30.0
 #: how often a worker checks that its parent is alive.
 PARENT_POLL_S = 1.0
+#: seconds a stopped worker gets to close its engine (each of its process groups gets ``STOP_GRACE_S``) before it is
+#: killed.
+WORKER_STOP_S = STOP_GRACE_S + 5.0
 
 OnStep = Callable[[int, str], None]
 OnResult = Callable[[int, CellResult], None]
@@ -77,12 +86,23 @@ def execute(plans: Sequence[CellPlan], goldens: GoldenRuns, *, jobs: int, on_ste
 
 def _worker(conn: Connection, parent_pid: int, plugins: Sequence[str]) -> None:
     """A worker's life: the parent's plugins, one torch thread, Ctrl-C left to the parent, tasks until told to stop
-    or orphaned."""
+    (``None``, or SIGTERM: the cell it runs unwinds and its process groups stop) or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for module in plugins:  # oracles and engines registered in the parent register here again on import
-        importlib.import_module(module)
-    configure_torch()
-    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+    with stop_on_signals((signal.SIGTERM, signal.SIGHUP)):
+        for module in plugins:  # oracles and engines registered in the parent register here again on import
+            importlib.import_module(module)
+        configure_torch()
+        threading.Thread(target=_stop_when_orphaned, args=(parent_pid,), daemon=True).start()
+        try:
+            _take_tasks(conn)
+        except KeyboardInterrupt:
+            pass  # stopped: nobody reads an answer now
+        finally:
+            stop_all()  # a group an interrupt caught as it started, before its engine held it
+
+
+def _take_tasks(conn: Connection) -> None:
+    """Run each task the parent sends and send back its outcome, until it sends ``None``."""
     while True:
         message = conn.recv()
         if message is None:
@@ -109,13 +129,14 @@ def _golden(key: tuple, device: str, timeout_s: float) -> object:
         return "".join(traceback.format_exception(exc)).strip()
 
 
-def _exit_when_orphaned(parent_pid: int) -> None:
-    while True:
+def _stop_when_orphaned(parent_pid: int) -> None:
+    """Stop this worker as its parent would once the parent is gone (a zombie parent is gone too): SIGTERM to itself,
+    then, if that did not end it, exit."""
+    while is_live(parent_pid):
         time.sleep(PARENT_POLL_S)
-        try:
-            os.kill(parent_pid, 0)
-        except ProcessLookupError:
-            os._exit(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(WORKER_STOP_S)
+    os._exit(1)
 
 
 class _Slot:
@@ -137,15 +158,24 @@ class _Slot:
     def overdue(self) -> bool:
         return self.task is not None and time.monotonic() - self.started > self.task.timeout_s + KILL_GRACE_S
 
-    def stop(self, kill: bool = False) -> None:
-        if kill:
-            self.process.kill()
-        else:
-            try:
+    def kill(self) -> None:
+        """SIGKILL a worker that died or does not answer (the watchdogs of the groups it started stop them)."""
+        self.process.kill()
+        self.join(time.monotonic())
+
+    def ask_to_stop(self) -> None:
+        """An idle worker leaves; a busy one hears SIGTERM, unwinds its cell and stops the groups it started."""
+        try:
+            if self.task is None:
                 self.conn.send(None)
-            except OSError:
-                self.process.kill()
-        self.process.join(5)
+            else:
+                os.kill(self.process.pid, signal.SIGTERM)
+        except (OSError, ValueError):  # gone already
+            pass
+
+    def join(self, deadline: float) -> None:
+        """Wait for the worker to end until ``deadline`` (monotonic), then kill it; its pipe is closed."""
+        self.process.join(max(deadline - time.monotonic(), 0.0))
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
@@ -178,9 +208,13 @@ class _Pool:
                     cells.append(_Task("cell", i, ("cell", plans[i], goldens.runs(needed), self.device), plans[i].timeout_s))
             self._drain(cells, lambda task, outcome: on_result(task.index, _cell_outcome(plans[task.index], outcome)),
                         lambda task, what: on_step(task.index, what))
-        finally:
+        finally:  # done, or interrupted: every worker stopped, busy ones unwinding their cells side by side
             for slot in self.slots:
-                slot.stop(kill=slot.task is not None)
+                slot.ask_to_stop()
+            stopped_by = time.monotonic() + WORKER_STOP_S
+            for slot in self.slots:
+                slot.join(stopped_by)
+            self.slots.clear()
         goldens.reused += lookups - len(keys)
 
     def _goldens(self, keys: list[tuple], plans: Sequence[CellPlan], order: Sequence[int],
@@ -224,14 +258,14 @@ class _Pool:
                 if slot.process.sentinel in ready or slot.overdue():
                     why = (f"killed: still running {KILL_GRACE_S:g} s past its timeout of {task.timeout_s:g} s"
                            if slot.process.is_alive() else f"worker process died (exit code {slot.process.exitcode})")
-                    slot.stop(kill=True)
+                    slot.kill()
                     self.slots.remove(slot)
                     done(task, _Died(why))
 
     def _fill(self, pending: list[_Task]) -> None:
         """Give a task to every idle worker, starting workers (up to ``jobs``) as needed."""
         for slot in [s for s in self.slots if s.task is None and not s.process.is_alive()]:
-            slot.stop(kill=True)  # died between tasks: replaced below
+            slot.kill()  # died between tasks: replaced below
             self.slots.remove(slot)
         for slot in self.slots:
             if slot.task is None and pending:

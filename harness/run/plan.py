@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from harness import sut
 from harness.matrix.model import Cell, Matrix
+from harness.oracles.view import KnownFailure
 from harness.results.rows import CellResult
 from harness.run.golden import GoldenKey, golden_key
 
@@ -43,6 +44,7 @@ class CellPlan:
     goldens: dict[str, GoldenConfig] = field(default_factory=dict)
     expected: dict | None = None    # the ``[[expected]]`` entries the cell matches, merged (Matrix.expected_for)
     tolerances: dict[str, float] = field(default_factory=dict)  # ``[[tolerances]]`` it matches: logprobs, tie
+    known: tuple[KnownFailure, ...] = ()  # those entries as the oracles apply them (the findings each excuses)
 
     def golden_keys(self) -> list[GoldenKey]:
         """The golden runs this cell reads, in the order the golden stage reads them."""
@@ -95,5 +97,8 @@ def plan_cell(matrix: Matrix, cell: Cell, faults: frozenset[str]) -> CellPlan:
     cross = sut.engine(engine).cross_golden(sut.engine(engine).levels.full(levels))
     if cross is not None:
         goldens["cross_engine"] = GoldenConfig(*cross)
+    known = tuple(KnownFailure(entry.number, entry.fails, tuple((key, tuple(values)) for key, values in
+                                                                entry.signature.items()))
+                  for entry in matrix.known_for(cell))
     return CellPlan(cell.cell_id, matrix.name, levels, matrix.workloads_for(cell), matrix.timeout_s, frozenset(faults),
-                    engine, args, goldens, matrix.expected_for(cell), _tolerances(matrix, cell))
+                    engine, args, goldens, matrix.expected_for(cell), _tolerances(matrix, cell), known)

@@ -13,7 +13,10 @@ from fixtures.workloads import Workload
 from harness.oracles.view import PASSES
 from harness.sut import opened
 from harness.sut.base import CellEngine, PassResult, Session, SystemUnderTest, Totals, Traits
+from harness.sut.interrupt import holding
 
+#: how soon a deadline that came while a process group started or stopped tries again.
+DEADLINE_RETRY_S = 0.05
 #: extra passes of an isolation workload in a storage cell: (pass, tenant suffix) on the cell's store.
 ISOLATION_PASSES = (("tenant", "-other"), ("instance", ""))
 OnStep = Callable[[str], None]
@@ -31,6 +34,9 @@ def deadline(seconds: float) -> Iterator[None]:
         return
 
     def expire(signum: int, frame: object) -> None:
+        if holding():  # a process group is starting or stopping: let it finish, then expire
+            signal.setitimer(signal.ITIMER_REAL, DEADLINE_RETRY_S)
+            return
         raise CellTimeout(f"cell exceeded its timeout of {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)

@@ -75,10 +75,12 @@ class MatrixRun:
         """The header of this run about to start (``shard`` as ``I/N`` or None): what a person needs to trust and
         repeat it."""
         matrix = self.matrix
+        engine = sut.engine(matrix.engine)
         return RunHeader(
             run_id=new_run_id(), matrix=matrix.name, matrix_arg=matrix_arg, matrix_file=str(matrix.path),
             matrix_sha256=file_sha256(matrix.path), mode=matrix.mode, strength=matrix.strength,
             faults=sorted(self.faults), device=self.device, device_name=device_name(self.device), shard=shard,
             cells_planned=cells_planned, commit=git_commit(Path(__file__).resolve().parents[1]), date=now(),
-            host=socket.gethostname(), versions=versions(), command=command_line(argv),
+            host=socket.gethostname(), versions=versions(), command=command_line(argv), engine=engine.name,
+            engine_version=engine.version(matrix.engine_args),
         )

@@ -146,6 +146,11 @@ def no_launch_problem(engine_args: Mapping[str, object]) -> str | None:
     return None
 
 
+def no_version(engine_args: Mapping[str, object]) -> str | None:
+    """An engine that cannot say which version of itself a run drives (the harness's commit covers the reference)."""
+    return None
+
+
 def no_cross_golden(levels: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
     """An engine no other engine serves the same function as."""
     return None
@@ -170,6 +175,9 @@ class Engine:
     #: the other engine (name, golden levels) that serves the same function as a cell's full levels: the
     #: cross_engine oracle's reference
     cross_golden: Callable[[Mapping[str, object]], tuple[str, dict[str, object]] | None] = no_cross_golden
+    #: the version of what it drives, read without starting it (the run header records it; ``--resume`` refuses
+    #: to mix rows of two versions)
+    version: Callable[[Mapping[str, object]], str | None] = no_version
 
     @property
     def name(self) -> str:

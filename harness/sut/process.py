@@ -4,14 +4,19 @@ process group of its own, tied to the life of the process that started it, stopp
 Tied by a watchdog, not by ``PR_SET_PDEATHSIG``: the death signal reaches only the direct child (a vLLM
 server's engine-core child or a llama-server's workers would be left) and fires when the *thread* that
 forked exits. The watchdog is a ``/bin/sh`` in a session of its own that blocks reading a pipe whose only
-writer is the process that started the group; when that process ends in any way (SIGKILL and the OOM
-killer included) the pipe reads end of file and the watchdog sends the whole group SIGTERM, then SIGKILL
-after the grace. A normal ``stop`` stops the group itself and dismisses its watchdog first, so a reused
-group id is never signalled.
+writer is the process that started the group (the pipe is close-on-exec, and nothing here forks without
+exec); when that process ends in any way (SIGKILL and the OOM killer included) the pipe reads end of file and
+the watchdog sends the whole group SIGTERM, then SIGKILL once the grace is over, and leaves as soon as the group
+is gone. A normal ``stop`` stops the group itself, then dismisses the watchdog (SIGKILL: it signals nothing) before
+the leader is reaped, so a reused group id is never signalled; a stop signal waits until a start or a stop is done
+(``harness.sut.interrupt.uninterrupted``), so no group is left half-started or half-stopped. Every group started
+and not yet stopped is listed here too: ``stop_all`` stops those that an interrupt left without an owner (one that
+came just as a group started, before its engine held it).
 """
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -20,12 +25,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from harness.sut.interrupt import uninterrupted
+
 #: seconds a stopping group gets after SIGTERM before it is killed.
 STOP_GRACE_S = 10.0
 #: where processes keep their output for the report (``harness run`` sets it under its report directory).
 LOGS_ENV = "KVMATRIX_SERVER_LOGS"
-#: ``$0`` the group id, ``$1`` the grace: waits for end of file on stdin, then stops the group.
-_WATCHDOG = 'read -r _ ; kill -TERM -$0 2>/dev/null ; sleep $1 ; kill -KILL -$0 2>/dev/null'
+#: ``$0`` the group id, ``$1`` the grace in tenths of a second: waits for end of file on stdin, then stops the
+#: group, and leaves as soon as no process of it is left.
+_WATCHDOG = ('read -r _ ; kill -TERM -$0 2>/dev/null ; n=0 ; '
+             'while kill -0 -$0 2>/dev/null && [ $n -lt $1 ] ; do sleep 0.1 ; n=$((n+1)) ; done ; '
+             'kill -KILL -$0 2>/dev/null')
 
 
 @contextmanager
@@ -70,6 +80,33 @@ def ended(code: int | None) -> str | None:
     return f"exit {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
 
 
+#: every group started here and not stopped yet, owned or not
+_STARTED: set[ProcessGroup] = set()
+
+
+def stop_all() -> None:
+    """Stop every group started by this process and not stopped yet (after an interrupt: what no engine closed)."""
+    for group in list(_STARTED):
+        group.stop()
+
+
+#: a Python exception line in a process's output (``TypeError: 'function' object is not subscriptable``).
+_EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception): .{1,300})")
+#: what the lines just above a traceback's last line look like (its frames, its carets).
+_FRAME = re.compile(r'File "|\^\^\^|Traceback \(most recent call last\)')
+
+
+def raised_first(text: str) -> str | None:
+    """The exception a process's output shows as the cause (an error that ends with it takes its type:
+    ``harness.results.rows.error_type`` reads the last line): the first that ends a traceback (later ones are
+    usually its consequences: vLLM's EngineDeadError says 'see above'), else the last exception line it
+    printed (a warning may quote one), else None."""
+    lines = text.splitlines()
+    found = [(i, m.group(1)) for i, line in enumerate(lines) if (m := _EXCEPTION.search(line))]
+    ending = [exc for i, exc in found if any(_FRAME.search(line) for line in lines[max(i - 3, 0):i])]
+    return ending[0] if ending else found[-1][1] if found else None
+
+
 class ProcessGroup:
     """``argv`` started in a process group (and session) of its own, watched by a watchdog; ``stop`` ends the
     whole group. Raises ``OSError`` when ``argv`` cannot be started."""
@@ -78,11 +115,19 @@ class ProcessGroup:
                  stdout: int | IO = subprocess.DEVNULL, stderr: int | IO = subprocess.STDOUT, text: bool = False,
                  grace_s: float = STOP_GRACE_S) -> None:
         self.grace_s = grace_s
-        self.proc = subprocess.Popen(list(argv), stdin=stdin, stdout=stdout, stderr=stderr, text=text,
-                                     start_new_session=True, env={**os.environ, **env})
-        self.watchdog = subprocess.Popen(["/bin/sh", "-c", _WATCHDOG, str(self.proc.pid), f"{grace_s:g}"],
-                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, start_new_session=True)
+        with uninterrupted():
+            self.proc = subprocess.Popen(list(argv), stdin=stdin, stdout=stdout, stderr=stderr, text=text,
+                                         start_new_session=True, env={**os.environ, **env})
+            try:
+                self.watchdog = subprocess.Popen(
+                    ["/bin/sh", "-c", _WATCHDOG, str(self.proc.pid), str(max(1, round(grace_s * 10)))],
+                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True)
+            except OSError:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+                raise
+            _STARTED.add(self)
 
     @property
     def pid(self) -> int:
@@ -101,23 +146,31 @@ class ProcessGroup:
         """SIGTERM to the group, SIGKILL to what is left after the grace; on return no process of the group runs
         (SIGKILL is delivered asynchronously: the group is watched until it is gone), and the watchdog is gone."""
         grace = self.grace_s if grace_s is None else grace_s
-        self._dismiss_watchdog()
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=grace)
-        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
-            pass
-        deadline = time.monotonic() + max(grace, 1.0)
-        while group_members(self.proc.pid) and time.monotonic() < deadline:
+        if self not in _STARTED:
+            return  # stopped already: its group id may be another's now
+        with uninterrupted():
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(self.proc.pid, signal.SIGTERM)
             except (ProcessLookupError, PermissionError):
-                break
-            time.sleep(0.05)
-        self.proc.wait()
+                pass
+            _wait_gone(self.proc.pid, grace)
+            deadline = time.monotonic() + max(grace, 1.0)
+            while group_members(self.proc.pid) and time.monotonic() < deadline:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    break
+                time.sleep(0.05)
+            if self.watchdog.poll() is None:
+                self.watchdog.kill()
+            self.watchdog.wait()
+            self.watchdog.stdin.close()
+            self.proc.wait()  # the leader's zombie held its pid (the group id) until now
+            _STARTED.discard(self)
 
-    def _dismiss_watchdog(self) -> None:
-        if self.watchdog.poll() is None:
-            self.watchdog.kill()
-        self.watchdog.wait()
-        self.watchdog.stdin.close()
+
+def _wait_gone(pgid: int, seconds: float) -> None:
+    """Wait up to ``seconds`` for group ``pgid`` to have no live member (a zombie leader is not one)."""
+    deadline = time.monotonic() + seconds
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.workloads import Workload
+from fixtures.workloads import Workload, load_workload
 from harness.sut.reference import LEVELS
 from harness.matrix.model import generate
-from harness.run.golden import GoldenRuns
+from harness.run.golden import GoldenKey, GoldenRuns
 from harness.run.serve import WorkloadRun, run_workload
 from harness.run.cell import run_cell
 from reference_impl.faults import FAULTS
@@ -50,8 +50,9 @@ class BuggyGoldens(GoldenRuns):
         super().__init__()
         self.faults = faults
 
-    def get(self, levels: dict, workload: Workload, engine: str = "reference", engine_args: dict | None = None) -> WorkloadRun:
-        return run_workload(levels, workload, self.faults, self.device)
+    def get(self, key: GoldenKey, workload: Workload | None = None) -> WorkloadRun:
+        _, _, levels, name = key
+        return run_workload(dict(levels), workload or load_workload(name), self.faults, self.device)
 
 
 def test_a_proposer_bug_in_golden_too_is_still_seen_by_the_prompt_lookup_replay(tmp_path: Path) -> None:

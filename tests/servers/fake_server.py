@@ -4,7 +4,9 @@
 runs agree with its cells); MODE makes it misbehave: ``ok``; ``exit`` (exits before it is healthy);
 ``unhealthy`` (never answers 200 on /health); ``die:N`` (killed by SIGKILL at its N-th completion);
 ``hang:N`` (never answers its N-th completion); ``not_json``; ``drop:FIELD`` (a response without FIELD, a
-dotted path); ``child`` (forks a worker that must die with it, as a real server's engine process).
+dotted path); ``child`` (forks a worker that must die with it, as a real server's engine process); ``slow:S``
+(forks such a worker and answers every completion after S seconds); ``late:S`` (answers its first completion
+after S seconds).
 """
 from __future__ import annotations
 
@@ -81,6 +83,8 @@ class Handler(BaseHTTPRequestHandler):
             os.kill(os.getpid(), signal.SIGKILL)
         if MODE.startswith("hang:") and completions >= n:
             time.sleep(3600)
+        if MODE.startswith("slow:") or MODE.startswith("late:") and completions == 1:
+            time.sleep(float(MODE.partition(":")[2]))
         if MODE == "not_json":
             self.answer(200, b"Internal Server Error")
             return
@@ -92,7 +96,7 @@ def main() -> None:
     if MODE == "exit":
         sys.stderr.write("fake server: RuntimeError: no such model\n")
         sys.exit(1)
-    if MODE == "child" and os.fork() == 0:
+    if (MODE == "child" or MODE.startswith("slow:")) and os.fork() == 0:
         record_pid()
         time.sleep(3600)
         os._exit(0)

@@ -61,7 +61,8 @@ class ServerEngine:
         self.server = server
         self.levels = LEVELS.full(levels)
         self.traits = server_traits(server, self.levels)
-        self.timeout_s = float(server["start_timeout_s"])
+        self.start_timeout_s = float(server["start_timeout_s"])
+        self.request_timeout_s = float(server["request_timeout_s"])
         self.process: ServerProcess | None = None
         self.served = False  # the running server has served a workload: empty its cache before the next
         self.starts = 0
@@ -85,7 +86,7 @@ class ServerEngine:
             if self.server["reset"] is None:
                 self._stop()
             else:
-                self.process.call(self.server["reset"], {}, self.timeout_s, "to the cache reset")
+                self.process.call(self.server["reset"], {}, self.request_timeout_s, "to the cache reset")
         started = 0.0
         if self.process is None:
             port = free_port()
@@ -93,7 +94,7 @@ class ServerEngine:
             self.starts += 1
             self.process = ServerProcess(self.launch.argv, self.launch.env, port,
                                          self.log_dir / f"{self.log_stem}-{self.starts}.log")
-            started = self.process.wait_healthy(self.server["health"], self.timeout_s)
+            started = self.process.wait_healthy(self.server["health"], self.start_timeout_s)
         self.served = True
         return self.process, started
 
@@ -177,11 +178,11 @@ class ServerSystem:
         body = {**API[server["api"]].body(request, TOP_LOGPROBS, server["model_name"]), **launch.request}
         if server["priority"] is not None:
             body[server["priority"]] = request.priority
-        doc = self.process.call(server["endpoint"], body, self.engine.timeout_s, f"to request {request.rid!r}")
+        doc = self.process.call(server["endpoint"], body, self.engine.request_timeout_s, f"to request {request.rid!r}")
         return request_output(server, request, doc, counted=self.traits.spec.method != "none")
 
     def _metrics(self) -> dict[str, float]:
-        return metric_sums(self.process.text(self.engine.server["metrics"], self.engine.timeout_s))
+        return metric_sums(self.process.text(self.engine.server["metrics"], self.engine.request_timeout_s))
 
     def totals(self) -> Totals:
         kept = [str(self.process.log_path)] if self.engine.keeps_logs else []

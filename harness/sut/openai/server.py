@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import time
 import urllib.error
 import urllib.request
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from harness.sut.openai.launch import HOST
 from harness.sut.openai.wire import ServerError
-from harness.sut.process import ProcessGroup
+from harness.sut.process import ProcessGroup, raised_first
 
 #: characters of a server's output an error carries.
 LOG_TAIL = 3000
@@ -22,22 +21,6 @@ LOG_TAIL = 3000
 DEATH_GRACE_S = 2.0
 #: seconds between health probes while a server starts.
 HEALTH_POLL_S = 0.25
-
-
-#: a Python exception line in a server's output (``TypeError: 'function' object is not subscriptable``).
-_EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception): .{1,300})")
-#: what the lines just above a traceback's last line look like (its frames, its carets).
-_FRAME = re.compile(r'File "|\^\^\^|Traceback \(most recent call last\)')
-
-
-def raised_first(text: str) -> str | None:
-    """The exception a server's output shows as the cause: the first that ends a traceback (later ones are
-    usually its consequences: vLLM's EngineDeadError says 'see above'), else the last exception line it
-    printed (a warning may quote one), else None."""
-    lines = text.splitlines()
-    found = [(i, m.group(1)) for i, line in enumerate(lines) if (m := _EXCEPTION.search(line))]
-    ending = [exc for i, exc in found if any(_FRAME.search(line) for line in lines[max(i - 3, 0):i])]
-    return ending[0] if ending else found[-1][1] if found else None
 
 
 class ServerProcess:

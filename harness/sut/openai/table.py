@@ -50,7 +50,7 @@ MODEL_PLACEHOLDERS = ("checkpoint", "gguf")
 CELL_PLACEHOLDERS = ("host", "port")
 LEVEL_KEYS = ("flags", "env", "request")
 SERVER_KEYS = ("name", "api", "command", "env", "health", "endpoint", "metrics", "reset", "request", "model_name",
-               "priority", "cached_tokens", "counters", "levels", "start_timeout_s")
+               "priority", "cached_tokens", "counters", "levels", "start_timeout_s", "request_timeout_s")
 
 
 def parse_tables(levels: EngineLevels, doc: Mapping[str, object], factors: Mapping[str, tuple[object, ...]],
@@ -67,14 +67,17 @@ def parse_tables(levels: EngineLevels, doc: Mapping[str, object], factors: Mappi
         if not any(type(default) is type(level) and default == level for level in choices):
             raise TableError(f"[golden] {factor}", f"missing: the default golden level {default!r} is not one of "
                              f"[factors] {factor} ({', '.join(map(str, choices))}); name the one the golden cell runs")
-    return MappingProxyType(parse_server(doc.get("server"), factors, tuple(levels.defaults)))
+    return MappingProxyType(parse_server(doc.get("server"), factors, tuple(levels.defaults),
+                                         float(doc["matrix"]["timeout_s"])))
 
 
-def parse_server(table: object, factors: Mapping[str, Sequence[object]],
-                 defaulted: Sequence[str]) -> dict:
+def parse_server(table: object, factors: Mapping[str, Sequence[object]], defaulted: Sequence[str],
+                 cell_timeout_s: float) -> dict:
     """The validated ``[server]`` table as a plain dict over the matrix's ``factors`` (and the ``defaulted`` ones
     every cell has a level of), each factor of the matrix changing something the server sees (a level entry or
-    a placeholder): a factor that changes nothing would be tested as if it did."""
+    a placeholder): a factor that changes nothing would be tested as if it did. Its command or environment names
+    ``{port}``: the server must listen where the harness looks. A request's timeout is the cell's unless
+    ``request_timeout_s`` says otherwise; ``start_timeout_s`` bounds the start alone."""
     if not isinstance(table, dict):
         raise TableError("[server]", "missing: an openai matrix says how to launch its server")
     where = "[server]"
@@ -91,11 +94,15 @@ def parse_server(table: object, factors: Mapping[str, Sequence[object]],
     command = _strings(f"{where} command", table["command"], names)
     if not command:
         raise TableError(f"{where} command", "empty")
+    env = _env(f"{where} env", table.get("env", {}), names)
+    if not any("port" in placeholders(text) for text in [*command, *env.values()]):
+        raise TableError(f"{where} command", "never names {port} (nor does [server] env): the server must listen on "
+                         "the port the harness gives each cell, e.g. \"--port\", \"{port}\"")
     server = {
         "name": _string(f"{where} name", table.get("name", api)),
         "api": api,
         "command": command,
-        "env": _env(f"{where} env", table.get("env", {}), names),
+        "env": env,
         "health": _url_path(f"{where} health", table["health"]),
         "endpoint": _url_path(f"{where} endpoint", table.get("endpoint", DEFAULT_ENDPOINT[api])),
         "metrics": _url_path(f"{where} metrics", table.get("metrics", "/metrics")),
@@ -106,6 +113,7 @@ def parse_server(table: object, factors: Mapping[str, Sequence[object]],
         "cached_tokens": _string(f"{where} cached_tokens", table.get("cached_tokens", CACHED_TOKENS[api])),
         "counters": _counters(f"{where} counters", table.get("counters", {})),
         "start_timeout_s": _seconds(f"{where} start_timeout_s", table.get("start_timeout_s", 300)),
+        "request_timeout_s": _seconds(f"{where} request_timeout_s", table.get("request_timeout_s", cell_timeout_s)),
         "levels": _levels(table.get("levels", {}), factors, names),
     }
     used = {name for text in _all_strings(server) for name in placeholders(text)}

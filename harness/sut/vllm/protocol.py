@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from harness.sut.process import ProcessGroup
+from harness.sut.process import ProcessGroup, raised_first
 from harness.sut.vllm import PYTHON_ENV, vllm_python
 from reference_impl.request import RequestOutput, RequestSpec
 
@@ -54,14 +54,13 @@ class ChildProcess:
             self.proc.stdin.write(json.dumps(message) + "\n")
             self.proc.stdin.flush()
         except BrokenPipeError:
-            raise EngineChildError(f"the {self.name} is gone ({self._exit()}); stderr:\n{self.tail()}") from None
+            raise self._failure(f"the {self.name} is gone ({self._exit()})", self.tail()) from None
 
     def receive(self, op: str) -> dict:
         """The answer to the request ``op`` sent last."""
         line = self.proc.stdout.readline()
         if not line:
-            raise EngineChildError(f"the {self.name} closed its answers to {op!r} ({self._exit()}); "
-                                   f"stderr:\n{self.tail()}")
+            raise self._failure(f"the {self.name} closed its answers to {op!r} ({self._exit()})", self.tail())
         try:
             answer = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -69,9 +68,17 @@ class ChildProcess:
         if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
             raise EngineChildError(f"malformed answer to {op!r} (no boolean 'ok'): {line[:200]!r}")
         if not answer["ok"]:
-            raise EngineChildError(f"vLLM ({self.name}) refused {op!r}: {answer.get('error')}\n"
-                                   f"{answer.get('traceback', '')[-STDERR_TAIL:]}")
+            raise self._failure(f"vLLM ({self.name}) refused {op!r}: {answer.get('error')}",
+                                str(answer.get("traceback", ""))[-STDERR_TAIL:], "its traceback")
         return answer
+
+    @staticmethod
+    def _failure(summary: str, output: str, what: str = "stderr") -> EngineChildError:
+        """``summary``, then the child's ``output``, then the exception it shows as the cause: that line ends the
+        message, so the error row's type is vLLM's own (a ValidationError, not pydantic's footer below it),
+        ``EngineChildError`` when it shows none."""
+        cause = raised_first(output) or f"EngineChildError: {summary.splitlines()[0]}"
+        return EngineChildError(f"{summary}; {what}:\n{output.rstrip()}\n{cause}")
 
     def _exit(self) -> str:
         return self.group.exited(grace_s=5) or "still running"

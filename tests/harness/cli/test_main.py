@@ -84,6 +84,29 @@ def test_resume_keeps_finished_cells(tmp_path: Path, capsys) -> None:
     assert len(rows) == 2 and rows[0] == first[0]
 
 
+def test_resume_refuses_a_changed_run_unless_accepted_and_the_report_says_so(tmp_path: Path, capsys) -> None:
+    path, report = write_matrix(tmp_path), tmp_path / "out"
+    run = ["run", "--matrix", str(path), "--report-dir", str(report)]
+    assert main([*run, "--cell", "/model:dense/scheduler:fcfs/page_size:16/"]) == 0
+    first = records(report)
+    path.write_text(path.read_text() + "# edited after the run\n")
+    capsys.readouterr()
+    for extra, changed in (([], "changed since: matrix_sha256 "),
+                           (["--inject-fault", "priority_scheduler_drop"], "; faults [] → [priority_scheduler_drop];")):
+        assert main([*run, "--resume", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and changed in err and "--accept-changed" in err, err
+        assert records(report) == first
+    assert main([*run, "--accept-changed"]) == 2 and "only applies with --resume" in capsys.readouterr().err
+    assert main([*run, "--resume", "--accept-changed"]) == 0
+    assert "kept from the previous run" in capsys.readouterr().out and records(report)[0] == first[0]
+    header = json.loads((report / "runs.jsonl").read_text().splitlines()[-1])
+    assert list(header["accepted_changes"]) == ["matrix_sha256"] and header["engine"] == "reference"
+    assert "accepted_changes" in (report / "index.html").read_text() and header["matrix_sha256"] in \
+        (report / "index.html").read_text()
+    assert main([*run, "--resume"]) == 0  # the accepted run is the one resumed now
+
+
 def test_a_crashing_cell_is_an_error_and_the_run_goes_on(tmp_path: Path) -> None:
     path = write_matrix(tmp_path, schedulers='["fcfs", "tests.components:ExplodingQueue"]')
     report = tmp_path / "out"
@@ -118,6 +141,21 @@ def test_list_bound_comes_from_the_allowed_tuples(tmp_path: Path, capsys) -> Non
     out = capsys.readouterr().out
     assert "3 cells (t-wise, t=2)" in out
     assert "lower bound: 3 cells (most allowed tuples on one set of factors: 3); optimal (proven)" in out
+
+
+def test_list_certifies_a_one_factor_at_a_time_matrix_as_such(tmp_path: Path, capsys) -> None:
+    """ofat promises the golden cell and each other level alone, not every pair: vllm_server_smoke's 3 cells hold it."""
+    assert main(["list", "--matrix", "vllm_server_smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "3 cells (ofat)" in out and "coverage ofat: 3/3" in out and "OK" in out and "t=2" not in out, out
+    path = write_matrix(tmp_path)
+    path.write_text(path.read_text().replace('mode = "full"', 'mode = "ofat"').replace("[16]", "[1, 16]") +
+                    '[golden]\nscheduler = "fcfs"\npage_size = 16\n')
+    assert main(["list", "--matrix", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[:3] == ["/model:dense/scheduler:fcfs/page_size:16/", "/model:dense/scheduler:priority/page_size:16/",
+                                    "/model:dense/scheduler:fcfs/page_size:1/"], out
+    assert "coverage ofat: 3/3 (the golden cell, and each other level with every other factor golden) covered: OK" in out
 
 
 #: the input holes of issue 10: (what to change in TINY, what the one error line must name).

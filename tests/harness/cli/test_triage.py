@@ -91,3 +91,31 @@ def test_compare_command_exits_1_on_new_failures_only_and_writes_a_page(tmp_path
     assert main(["compare", str(newer), str(newer)]) == 0
     assert main(["compare", str(base), str(newer), "--tolerance", "mean_accept_length=0.9"]) == 1
     assert "metric drift past tolerance: 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["report", "compare"])
+@pytest.mark.parametrize("breakage", ["step", "level"])
+def test_a_wrong_shaped_row_is_named_by_file_and_line_and_the_rest_is_rendered(tmp_path: Path, rows: list[dict],
+                                                                              capsys, command: str, breakage: str) -> None:
+    """Valid JSON, wrong shape: a finding's step that is not a number (no window to place it in), a factor level that
+    is an object. The line is named, the exit is 2, and every other row is still shown."""
+    bad = copy.deepcopy(rows)
+    victim = next(r for r in bad if r["oracles"].get("tokens", {}).get("verdict") == "fail")
+    if breakage == "step":
+        finding = victim["oracles"]["tokens"]["detail"][0]
+        finding["step"] = "x"
+        del finding["window_start"]
+    else:
+        victim["factors"]["cache"] = {"level": "device"}
+    run = shard_dir(tmp_path, "run", bad, report_rows.header("r", cells_planned=60))
+    args = ["report", str(run)] if command == "report" else ["compare", str(run), str(run), "--html",
+                                                               str(tmp_path / "compare.html")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    line = bad.index(victim) + 1
+    assert f"results.jsonl:{line}: " in err and "Traceback" not in err, err
+    assert ("'step'" if breakage == "step" else "'cache'") in err, err
+    page = (run / "index.html") if command == "report" else tmp_path / "compare.html"
+    shown = page.read_text()
+    other = next(r for r in bad if r is not victim and r["status"] == "fail")
+    assert victim["cell_id"] not in shown and other["cell_id"] in shown

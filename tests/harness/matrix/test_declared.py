@@ -67,6 +67,38 @@ def test_a_declared_cell_that_fails_another_way_fails(tmp_path: Path) -> None:
     assert code == 1 and rows["priority"]["status"] == "fail"
 
 
+NARROW = """
+[[expected]]
+when = {{ scheduler = "priority" }}
+fails = "completeness"
+signature = {{ problem = {problem} }}
+class = "engine bug"
+upstream = "vllm-project/vllm#49206"
+seen_on = "the reference with priority_scheduler_drop"
+reason = "vLLM #49206: the priority scheduler silently skips requests"
+"""
+
+
+@pytest.mark.parametrize(("problem", "fault", "status"), [
+    ('"never finished (lost)"', True, "xfail"),     # the declared damage, and nothing else
+    ('"finished 2 times"', True, "fail"),           # another signature: the lost request is still a finding
+    ('"never finished (lost)"', False, "xpass"),    # the declared damage no longer occurs (strict)
+])
+def test_a_declaration_excuses_its_signature_and_nothing_else(tmp_path: Path, problem: str, fault: bool,
+                                                               status: str) -> None:
+    path = write_matrix(tmp_path)
+    path.write_text(path.read_text().replace("system_prompt", "burst") + NARROW.format(problem=problem))
+    report = tmp_path / "out"
+    main(["run", "--matrix", str(path), "--report-dir", str(report),
+          *(["--inject-fault", "priority_scheduler_drop"] if fault else [])])
+    row = {r["factors"]["scheduler"]: r for r in records(report)}["priority"]
+    assert row["status"] == status, row["oracles"]["completeness"]
+    verdict = row["oracles"]["completeness"]
+    if status == "xfail":
+        assert verdict["verdict"] == "pass" and verdict["excused"]["1"] > 0 and "excused as declared" in verdict["message"]
+    assert row["expected"]["declarations"][0]["signature"] == {"problem": [problem.strip('"')]}
+
+
 def test_settle_reads_errors_by_type() -> None:
     expected = {"when": {}, "fails": ["error: IndexError"], "reason": "r"}
     errored = CellResult(cell_id="c", matrix="m", factors={}, status="error", expected=expected,
@@ -90,6 +122,12 @@ def test_compare_names_declared_failures_that_changed() -> None:
     ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "tokens"\nreason = ""\n', "[[expected]] #1 reason"),
     ('[[expected]]\nwhen = { pool = "unified" }\nfails = "tokens"\nreason = "r"\n', "factor 'pool' is not in [factors]"),
     ('[[tolerances]]\nwhen = { scheduler = "priority" }\nreason = "r"\n', "declares neither logprobs nor tie"),
+    ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "tokens"\nreason = "r"\nclass = "by design"\n',
+     "a difference the engine documents is an expectation"),
+    ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "error: TypeError"\nsignature = { got = 0 }\nreason = "r"\n',
+     "an error declaration's signature is its exception type"),
+    ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "tokens"\nsignature = { got = [] }\nreason = "r"\n',
+     "a non-empty list of values"),
     ('[[tolerances]]\nwhen = { scheduler = "priority" }\nlogprobs = -1\nreason = "r"\n', "must be a positive number"),
 ])
 def test_bad_declarations_name_the_entry(tmp_path: Path, entry: str, needle: str) -> None:

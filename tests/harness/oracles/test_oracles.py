@@ -9,7 +9,7 @@ import torch
 from fixtures.workloads import CachedExpectation
 from harness.oracles import judge, oracles
 from harness.oracles.tokens import TOKEN_WINDOW
-from harness.oracles.view import PassView
+from harness.oracles.view import KnownFailure, PassView
 from harness.sut.base import CacheTraits, PassResult, SpecTraits, Traits
 from reference_impl.engine.model_runner import NanEvent
 from reference_impl.request import RequestOutput, RequestSpec
@@ -35,7 +35,8 @@ def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None
          spec: str = "none", max_accept_length: int = 4, pass_counted: bool = False, page_size: int = 1,
          reference: list[RequestOutput] | None = None, spec_reference: list[RequestOutput] | None = None,
          spec_reference_counters: dict[str, int] | None = None, cross_reference: list[RequestOutput] | None = None,
-         tolerances: dict[str, float] | None = None, accept_band: tuple[float, float] | None = None) -> PassView:
+         tolerances: dict[str, float] | None = None, accept_band: tuple[float, float] | None = None,
+         known: tuple[KnownFailure, ...] = ()) -> PassView:
     """One pass as an oracle sees it, built from plain values: what each test changes is named, the rest is a
     sound pass of ``outputs`` against a ``golden`` equal to it. ``reference`` is what batch invariance holds the pass
     to: each request alone for the cold pass, the cold pass for a later one."""
@@ -60,7 +61,7 @@ def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None
         requests=tuple(RequestSpec(rid, prompts.get(rid, ()), n) for rid, n in requested.items()),
         expected_cached=expected_cached if expected_cached is not None else
         {o.rid: CachedExpectation(o.cached_tokens, o.cached_tokens, 1) for o in golden},
-        tolerances=tolerances or {}, accept_band=accept_band)
+        tolerances=tolerances or {}, accept_band=accept_band, known=known)
 
 
 def baseline() -> list[RequestOutput]:
@@ -343,3 +344,30 @@ def test_a_pass_counted_proposer_that_never_drafts_is_a_finding() -> None:
     drafted = {"drafts": 4, "draft_tokens": 8, "accepted_tokens": 2}
     counted.update(spec_reference_counters=drafted, counters=drafted)
     assert ORACLES["accept_length"]([view(baseline(), name="cold", **counted)]).status == "pass"
+
+
+# -- declared known failures excuse their signature and nothing else ---------------------------------------------
+
+#: llama.cpp's drafted tokens come back with logprob exactly 0.0 (ggml-org/llama.cpp#27972)
+ZERO_LOGPROB = KnownFailure(1, ("logprobs",), (("got", (0.0,)),))
+
+
+def test_a_declared_signature_is_excused_and_judging_goes_on_past_it() -> None:
+    outs = baseline()
+    for out in outs:
+        out.logprobs[1:] = [0.0] * (len(out.logprobs) - 1)  # every token after the first: the declared damage
+    v = ORACLES["logprobs"]([view(outs, baseline(), known=(ZERO_LOGPROB,))])
+    assert v.status == "pass" and v.excused == {1: 6} and "excused as declared: 6 by [[expected]] #1" in v.message
+    outs[1].logprobs[3] = -0.5  # back to golden's on its own is fine...
+    outs[0].logprobs[0] = -9.0  # ...but a wrong logprob on a token the declaration does not cover fails
+    v = ORACLES["logprobs"]([view(outs, baseline(), known=(ZERO_LOGPROB,))])
+    assert v.status == "fail" and v.detail == [{"workload": "w", "pass": "warm", "request": "a", "step": 0,
+                                                "expected": -0.5, "got": -9.0, "delta": 8.5, "tolerance": 1e-3}]
+
+
+def test_a_signature_excuses_only_the_oracle_it_names() -> None:
+    outs = baseline()
+    outs[0].logprobs[2] = 0.0
+    outs[1].tokens[2] = 99
+    verdicts = judge([view(outs, baseline(), known=(ZERO_LOGPROB,))])
+    assert verdicts["logprobs"].excused == {1: 1} and verdicts["tokens"].status == "fail"

