@@ -82,15 +82,18 @@ def _pd_hit_findings(view: PassView) -> list[dict]:
     return findings
 
 
-def _counted_findings(view: PassView) -> list[dict]:
+def _counted_findings(view: PassView, cold: PassView) -> list[dict]:
     """A pass's counted ledger: the prefill side computed every prompt but the decode side's backoff, the decode side
-    read the rest past its own hit (within what the cache implies) and computed the backoff, NIXL moved exactly those
-    blocks (and each request's state) with no failure, and each client-visible hit is the prefill side's."""
+    read the rest past its own hit (within what the cache implies: a cold pass's where it was emptied before the
+    pass, ``cold`` being the workload's cold pass) and computed the backoff, NIXL moved exactly those blocks (and
+    each request's state) with no failure, and each client-visible hit is the prefill side's (its prefix cache's and
+    its tier's)."""
     led, where = view.got.pd, view.where()
     prefill, decode, backoff, block = led["prefill"], led["decode"], led["backoff"], led["block_size"]
     lengths = [len(r.prompt) for r in view.requests]
     moved, hit = sum(n - backoff for n in lengths), decode["local_cache_hit"]
-    bounds = [view.expected_cached[r.rid] for r in view.requests if r.rid in view.expected_cached]
+    expected = cold.expected_cached if led.get("decode_cold") else view.expected_cached
+    bounds = [expected[r.rid] for r in view.requests if r.rid in expected]
     lo, hi = sum(e.lo for e in bounds), sum(e.hi for e in bounds)
     checks = [  # (check, expected, got, holds, why)
         ("prefilled", moved, prefill["prompt_tokens"], None, f"every prompt but the {backoff} token(s) the decode side "
@@ -105,8 +108,8 @@ def _counted_findings(view: PassView) -> list[dict]:
         ("transfers", len(lengths), decode["nixl_transfers"], None, "one transfer per request"),
         ("failed transfers", 0, decode["nixl_failed_transfers"] + prefill["nixl_failed_transfers"], None,
          "none may fail"),
-        ("prefill hit", sum(led["prefill_hits"].values()), prefill["local_cache_hit"], None,
-         "the prefill side's per-request hits add up to its counted hit"),
+        ("prefill hit", sum(led["prefill_hits"].values()), prefill["local_cache_hit"] + prefill["external_kv_transfer"],
+         None, "the prefill side's per-request hits add up to its counted hit (prefix cache and tier)"),
         ("emptied", "an empty prefix cache before the pass", "blocks still held" if not led["emptied"] else None,
          led["emptied"], "the prefill side frees what it leased once the decode side has read it"),
     ]
@@ -137,10 +140,11 @@ def judge(views: Sequence[PassView]) -> Verdict:
     if not armed:
         return Verdict("pd_audit", "skip", "no PD")
     findings, attempts = [], 0
+    colds = {v.workload: v for v in armed if v.name == "cold"}
     for view in armed:
         if view.got.pd.get("kind") == "counted":
             attempts += view.got.pd["decode"]["nixl_transfers"]
-            findings += _counted_findings(view)
+            findings += _counted_findings(view, colds.get(view.workload, view))
             continue
         attempts += len(view.got.pd["attempts"])
         findings += _pd_attempt_findings(view) + _pd_pass_findings(view) + _pd_hit_findings(view)

@@ -116,8 +116,11 @@ class PdSystem:
         self.moved = {"transfers": 0, "bytes": 0, "tokens": 0, "failed": 0}
 
     def serve(self, rounds: Sequence[Sequence[RequestSpec]]) -> PassResult:
-        if self.pair.tiered and self.passes:  # a later pass must load from the prefill side's tier
-            self.emptied = self.pair.reset(decode=False, connector=False)
+        # a later pass of a tiered pair must load from the prefill side's tier: both device caches are emptied first,
+        # the tier kept, so the decode side (which has no tier) starts as cold as in the first pass
+        decode_cold = not self.passes or self.pair.tiered
+        if self.pair.tiered and self.passes:
+            self.emptied = self.pair.reset(connector=False)
         self.passes += 1
         outputs: list[RequestOutput] = []
         sides: dict[str, dict[str, int]] = {"prefill": {}, "decode": {}}
@@ -137,18 +140,20 @@ class PdSystem:
         spec = {name: sides["decode"].pop(name) for name in SPEC_COUNTERS}
         for name in SPEC_COUNTERS:
             sides["prefill"].pop(name)
-        return PassResult(outputs=outputs, counters=spec, pd=self._ledger(sides, hits))
+        return PassResult(outputs=outputs, counters=spec, pd=self._ledger(sides, hits, decode_cold))
 
-    def _ledger(self, sides: Mapping[str, Mapping[str, int]], hits: Mapping[str, int]) -> dict:
+    def _ledger(self, sides: Mapping[str, Mapping[str, int]], hits: Mapping[str, int], decode_cold: bool) -> dict:
         """The pass's ledger: each side's connector counters, the prefill side's hit per request, and what they are
-        judged by (the decode side's KV layout and how many prompt tokens it computes itself)."""
+        judged by (the decode side's KV layout, how many prompt tokens it computes itself, whether its prefix cache
+        was empty at the pass's start)."""
         decode = sides["decode"]
         self.moved["transfers"] += decode["nixl_transfers"]
         self.moved["bytes"] += decode["nixl_bytes"]
         self.moved["tokens"] += decode["external_kv_transfer"]
         self.moved["failed"] += decode["nixl_failed_transfers"] + sides["prefill"]["nixl_failed_transfers"]
         layout = self.pair.layout
-        return {"kind": "counted", "connector": self.pair.level, "emptied": self.emptied, "prefill_hits": dict(hits),
+        return {"kind": "counted", "connector": self.pair.level, "emptied": self.emptied, "decode_cold": decode_cold,
+                "prefill_hits": dict(hits),
                 "prefill": dict(sides["prefill"]), "decode": dict(decode), "block_size": layout["block_size"],
                 "block_bytes": layout["block_bytes"], "state_bytes": layout["state_bytes"], "backoff": self.pair.backoff}
 

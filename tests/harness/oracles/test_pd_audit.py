@@ -172,3 +172,44 @@ def test_a_counted_ledger_as_measured_accounts_exactly(counted: list[PassView]) 
 def test_each_counted_check_fails_when_its_count_is_off(counted: list[PassView], change, failed: set[str]) -> None:
     change(counted[0].got.pd, counted[0].outputs)
     assert checks(counted) == failed
+
+
+def test_the_prefill_sides_hit_and_an_emptied_cache_are_each_checked(counted: list[PassView]) -> None:
+    led = counted[0].got.pd
+    led["prefill"].update(local_cache_hit=224)
+    assert checks(counted) == {"prefill hit"}
+    led["prefill"].update(external_kv_transfer=32)  # the 32 tokens a tier below the prefill side loaded
+    assert checks(counted) == set()
+    led["emptied"] = False
+    assert checks(counted) == {"emptied"}
+
+
+def test_a_tiered_pairs_warm_pass_holds_the_decode_side_to_a_cold_pass() -> None:
+    """pd = nixl × cache = storage: before the warm pass both device caches are emptied and the prefill side loads
+    from its tier (the client sees the tier's hit); the decode side, with no tier, hits only what the pass itself
+    shares (5 × 32 of system_prompt's 6 prompts), as in the cold pass."""
+    from fixtures.workloads import load_workload
+    from harness.sut.vllm.connectors import storage_rule
+    from tests.harness.oracles.test_oracles import output
+
+    workload = load_workload("system_prompt")
+    pages = {name: workload.expected_cached(page_size=32, state_interval=32, hybrid=False, chunk_size=32,
+                                            warm=name == "warm") for name in ("cold", "warm")}
+    decode = {"local_compute": 0, "local_cache_hit": 160, "external_kv_transfer": 205, "prompt_tokens": 365,
+              "prefix_cache_hits": 160, "external_prefix_cache_queries": 205, "external_prefix_cache_hits": 205,
+              "nixl_failed_transfers": 0, "nixl_bytes": 9 * 65536, "nixl_transfers": 6}
+    hits = {"cold": {r.rid: 0 if r.rid == "sys-0" else 32 for r in workload.requests},
+            "warm": {"sys-0": 32, "sys-1": 32, "sys-2": 32, "sys-3": 64, "sys-4": 32, "sys-5": 32}}
+    views = []
+    for name, local, tier in (("cold", 160, 0), ("warm", 0, 224)):
+        ledger = {**COUNTED, "decode_cold": True, "prefill_hits": hits[name], "decode": dict(decode),
+                  "prefill": {**COUNTED["prefill"], "local_cache_hit": local, "external_kv_transfer": tier,
+                              "local_compute": 365 - local - tier}}
+        outputs = [output(r.rid, [1] * r.max_new_tokens, cached=hits[name][r.rid]) for r in workload.requests]
+        views.append(view(outputs, name=name, workload="system_prompt", page_size=32, pd_ledger=ledger,
+                          requested={r.rid: r.max_new_tokens for r in workload.requests},
+                          prompts={r.rid: r.prompt for r in workload.requests},
+                          expected_cached=storage_rule(workload, name, pages[name])))
+    assert checks(views) == set()
+    views[1].got.pd["decode_cold"] = False  # judged as a warm decode cache, 160 is short of the 224 the tier implies
+    assert checks(views) == {"decode hit"}
