@@ -212,12 +212,6 @@ def needs_vllm() -> None:
     required_path(vllm_python(), "vllm-env")
 
 
-@pytest.fixture(scope="module")
-def goldens() -> GoldenRuns:
-    """One set of golden runs for the module: vLLM's golden of the dense model, and the reference's."""
-    return GoldenRuns()
-
-
 @pytest.mark.vllm
 def test_fp8_kv_judged_bitwise_fails_and_passes_with_its_declared_tolerance(tmp_path: Path, goldens: GoldenRuns) -> None:
     needs_vllm()

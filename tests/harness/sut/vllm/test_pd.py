@@ -172,7 +172,7 @@ def vllm_children(marker: str) -> list[int]:
 
 @pytest.mark.vllm
 def test_the_decode_side_serves_one_engines_tokens_and_a_crossed_handoff_fails_them(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, goldens: GoldenRuns, monkeypatch: pytest.MonkeyPatch) -> None:
     """The cold pass hands each request its own kv_transfer_params: the decode side's tokens and logprobs are the
     single engine's (vLLM's golden). The warm pass, planted, gives each request of a round the other's: tokens
     fail there, and only there. Neither child outlives the cell."""
@@ -188,7 +188,7 @@ def test_the_decode_side_serves_one_engines_tokens_and_a_crossed_handoff_fails_t
 
     monkeypatch.setattr(PdPair, "handoff", crossed_when_warm)
     matrix, cell = pd_cell(tmp_path, workloads=("templated",))
-    result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)  # make test: test_engine's templated golden
     assert calls == [2, 2, 2, 2], calls
     tokens = result.oracles["tokens"]
     assert tokens.status == "fail" and {f["pass"] for f in tokens.detail} == {"warm"}, tokens
