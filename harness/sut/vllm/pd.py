@@ -38,6 +38,10 @@ def free_port() -> int:
 
 #: seconds an emptying prefill engine is stepped while it still holds blocks leased to the decode side.
 SETTLE_S = 20.0
+#: what both engines of a pair with a tier get: the tier's connector (ExampleConnector) is not ``SupportsHMA``, so
+#: vLLM turns the hybrid KV cache manager off on the prefill side alone, NIXL's compatibility hash (which hashes
+#: ``is_hma_enabled``) then differs between the sides and every handshake fails ("NIXL compatibility hash mismatch").
+TIER_PAIR_ARGS: Mapping[str, object] = {"disable_hybrid_kv_cache_manager": True}
 
 
 class PdPair:
@@ -50,6 +54,8 @@ class PdPair:
         self.level, self.backoff = level, backoff
         self.tiered = "kv_transfer_config" in arguments
         tier = arguments.get("kv_transfer_config")
+        if self.tiered:
+            arguments = {**arguments, **TIER_PAIR_ARGS}
         self.sides: dict[str, ChildProcess] = {}
         started = time.perf_counter()
         try:
