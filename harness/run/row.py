@@ -82,6 +82,8 @@ def _pd_metrics(runs: list[WorkloadRun]) -> dict[str, object]:
     if not counters:
         return {}
     summed = {key: sum(c[key] for c in counters) for key, value in counters[0].items() if isinstance(value, int)}
+    if not all("verify_scratch_bytes" in c for c in counters):  # an engine that counts no verify scratch
+        return {"pd": summed}
     scratch = {side: max(c["verify_scratch_bytes"][side] for c in counters) for side in ("prefill", "decode")}
     return {"pd": {**summed, "verify_scratch_bytes": scratch}}
 

