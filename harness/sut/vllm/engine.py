@@ -157,5 +157,3 @@ class VllmSystem:
 
     def close(self) -> None:
         pass
-
-
