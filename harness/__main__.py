@@ -13,18 +13,21 @@ EXIT_BROKEN_PIPE = 141
 
 
 def _loading_interrupted(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(signum)
+    """Nothing has started yet: one line, and out at once. Not an exception: raised inside an import in flight (a C
+    extension's), it can come out as another error (numpy: "cannot load module more than once per process")."""
+    os.write(sys.stderr.fileno(), f"interrupted by {signal.Signals(signum).name} while loading\n".encode())
+    os._exit(128 + signum)
 
 
-_held = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is not signal.SIG_IGN]
-for _signum in _held:
-    signal.signal(_signum, _loading_interrupted)
-try:
-    from harness.cli.main import main
-except KeyboardInterrupt as exc:
-    _signum = exc.args[0] if exc.args else signal.SIGINT
-    print(f"interrupted by {signal.Signals(_signum).name} while loading", file=sys.stderr)
-    sys.exit(128 + _signum)
+# SIGINT too, even where the process started ignoring it (as harness.sut.interrupt hears it later); any other
+# signal the process started ignoring stays ignored (nohup).
+_heard = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+          if s == signal.SIGINT or signal.getsignal(s) is not signal.SIG_IGN]
+_previous = {signum: signal.signal(signum, _loading_interrupted) for signum in _heard}
+from harness.cli.main import main  # noqa: E402  (torch takes seconds: a stop signal must be heard meanwhile)
+
+for _signum, _handler in _previous.items():
+    signal.signal(_signum, _handler)
 
 try:
     code = main()
