@@ -398,7 +398,7 @@ def test_every_fault_has_a_check() -> None:
 
 
 #: fault checks over a minute of CPU under load (``make test`` runs them; ``-m "not slow"`` leaves them out).
-SLOW_CHECKS = {"ngram_prompt_only", "draft_pages_kept_on_preempt"}
+SLOW_CHECKS = {"ngram_prompt_only", "draft_pages_kept_on_preempt", "draft_chain_default_steps"}
 
 
 @pytest.mark.parametrize("fault", [pytest.param(f, marks=pytest.mark.slow) if f in SLOW_CHECKS else f for f in sorted(FAULTS)])

@@ -91,6 +91,7 @@ def test_ilp_covers_every_allowed_tuple(space: tuple[list[int], int, Forbid]) ->
     check_array(*space, method="ilp")
 
 
+@pytest.mark.slow  # about 3 minutes of one core under load: make test runs it, make quick leaves it out
 @settings(max_examples=60, deadline=None)
 @given(spaces())
 def test_ipog_covers_every_allowed_tuple(space: tuple[list[int], int, Forbid]) -> None:
