@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from harness.sut.checkpoints import checkpoint_dir
 from harness.sut.vllm.protocol import EngineChildError, request_output
 from harness.sut.vllm.arguments import engine_arguments
 from tests.binaries import required_path
+from tests.harness.sut.vllm.stand_in import point_vllm_at
 
 ROOT = Path(__file__).resolve().parents[4]
 pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one vLLM child at a time
@@ -89,14 +89,7 @@ def vllm_cell(tmp_path: Path, factors: str = "", timeout: float = 120, extra: st
 @pytest.fixture
 def fake_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Point the vllm engine at a stand-in child; yields a function that sets its mode and lists its pids."""
-    script = tmp_path / "fake_child.py"
-    script.write_text(FAKE_CHILD)
-    python = tmp_path / "fake-python"
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
-    python.chmod(0o755)
-    pids = tmp_path / "pids"
-    monkeypatch.setenv("KVMATRIX_VLLM_PYTHON", str(python))
-    monkeypatch.setenv("FAKE_CHILD_PIDS", str(pids))
+    pids = point_vllm_at(FAKE_CHILD, tmp_path, monkeypatch)
 
     def mode(name: str) -> Path:
         monkeypatch.setenv("FAKE_CHILD_MODE", name)

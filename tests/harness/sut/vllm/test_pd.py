@@ -29,6 +29,7 @@ from harness.sut.vllm.connectors import NIXL_ENV, PREFILL_PARAMS, SIDE_CHANNEL_P
 from harness.sut.vllm.pd import PdPair
 from harness.sut.vllm.protocol import CHILD
 from tests.binaries import required_path
+from tests.harness.sut.vllm.stand_in import point_vllm_at
 
 ROOT = Path(__file__).resolve().parents[4]
 pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one vLLM child at a time
@@ -88,17 +89,7 @@ def pd_cell(tmp_path: Path, *, timeout: float = 600, cache: str = "off", workloa
 @pytest.fixture
 def hanging_children(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point the vllm engine at the hanging stand-in; returns the file where each child writes its pid."""
-    script = tmp_path / "hanging_child.py"
-    script.write_text(HANGING_CHILD)
-    python = tmp_path / "fake-python"
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
-    python.chmod(0o755)
-    pids = tmp_path / "pids"
-    pids.touch()
-    monkeypatch.setenv("KVMATRIX_VLLM_PYTHON", str(python))
-    monkeypatch.setenv("FAKE_CHILD_PIDS", str(pids))
-    return pids
-
+    return point_vllm_at(HANGING_CHILD, tmp_path, monkeypatch)
 
 def children(pids: Path) -> list[dict]:
     return [json.loads(line) for line in pids.read_text().splitlines()]
