@@ -6,6 +6,7 @@ scheduler that drops requests (vLLM #49206) fails ``completeness`` on exactly th
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -179,7 +180,9 @@ def test_an_engine_takes_only_its_own_factors(tmp_path: Path) -> None:
     ('deterministic = ["on"]', "needs a CUDA device"),
 ])
 def test_a_level_the_device_refuses_is_refused_at_load(tmp_path: Path, factors: str, needle: str,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVMATRIX_VLLM_PYTHON", sys.executable)  # an interpreter is there: the refusal is the level's
     path = vllm_matrix(tmp_path, factors)
     with pytest.raises(MatrixError, match=needle):
         check_runnable(load_matrix(str(path)), "cpu")
