@@ -7,7 +7,9 @@ forked exits. The watchdog is a ``/bin/sh`` in a session of its own that blocks 
 writer is the process that started the group (the pipe is close-on-exec, and nothing here forks without
 exec); when that process ends in any way (SIGKILL and the OOM killer included) the pipe reads end of file and
 the watchdog sends the whole group SIGTERM, then SIGKILL once the grace is over, and leaves as soon as the group
-is gone. A normal ``stop`` stops the group itself, then dismisses the watchdog (SIGKILL: it signals nothing) before
+is gone. The leader starts behind a gate (a ``/bin/sh`` that reads one line of its stdin, then execs ``argv`` under its
+own pid): the line is sent once the watchdog runs, and a starter killed before that (SIGKILL cannot be held) closes
+the pipe, so the gate exits and ``argv`` never runs unwatched. A normal ``stop`` stops the group itself, then dismisses the watchdog (SIGKILL: it signals nothing) before
 the leader is reaped, so a reused group id is never signalled; a stop signal waits until a start or a stop is done
 (``harness.sut.interrupt.uninterrupted``), so no group is left half-started or half-stopped. Every group started
 and not yet stopped is listed here too: ``stop_all`` stops those that an interrupt left without an owner (one that
@@ -15,8 +17,10 @@ came just as a group started, before its engine held it).
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -36,6 +40,11 @@ LOGS_ENV = "KVMATRIX_SERVER_LOGS"
 _WATCHDOG = ('read -r _ ; kill -TERM -$0 2>/dev/null ; n=0 ; '
              'while kill -0 -$0 2>/dev/null && [ $n -lt $1 ] ; do sleep 0.1 ; n=$((n+1)) ; done ; '
              'kill -KILL -$0 2>/dev/null')
+
+#: ``$@`` the command: waits for the line ``go`` on stdin (``read`` takes a pipe byte by byte: what follows is the
+#: command's), then becomes the command (same pid, so the same group id); end of file first (the starter died
+#: before its watchdog ran) ends it without running the command. ``{stdin}``: the command's own stdin, if not this.
+_GATE = 'IFS= read -r word ; [ "$word" = go ] || exit 125 ; exec "$@" {stdin}'
 
 
 @contextmanager
@@ -111,22 +120,32 @@ class ProcessGroup:
     """``argv`` started in a process group (and session) of its own, watched by a watchdog; ``stop`` ends the
     whole group. Raises ``OSError`` when ``argv`` cannot be started."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], *, stdin: int | IO = subprocess.DEVNULL,
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], *, stdin: int = subprocess.DEVNULL,
                  stdout: int | IO = subprocess.DEVNULL, stderr: int | IO = subprocess.STDOUT, text: bool = False,
                  grace_s: float = STOP_GRACE_S) -> None:
+        """``stdin``: ``subprocess.DEVNULL``, or ``subprocess.PIPE`` for a child that reads requests there."""
+        if stdin not in (subprocess.DEVNULL, subprocess.PIPE):
+            raise ValueError(f"stdin must be DEVNULL or PIPE, not {stdin!r}")
         self.grace_s = grace_s
+        _check_runnable(argv[0], env.get("PATH", os.environ.get("PATH", os.defpath)))
+        gate = _GATE.format(stdin="</dev/null" if stdin == subprocess.DEVNULL else "")
         with uninterrupted():
-            self.proc = subprocess.Popen(list(argv), stdin=stdin, stdout=stdout, stderr=stderr, text=text,
-                                         start_new_session=True, env={**os.environ, **env})
+            self.proc = subprocess.Popen(["/bin/sh", "-c", gate, "gate", *argv], stdin=subprocess.PIPE,
+                                         stdout=stdout, stderr=stderr, text=text, start_new_session=True,
+                                         env={**os.environ, **env})
             try:
                 self.watchdog = subprocess.Popen(
                     ["/bin/sh", "-c", _WATCHDOG, str(self.proc.pid), str(max(1, round(grace_s * 10)))],
                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     start_new_session=True)
             except OSError:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.stdin.close()  # the gate reads end of file and ends: argv never ran
                 self.proc.wait()
                 raise
+            self.proc.stdin.write("go\n" if text else b"go\n")
+            self.proc.stdin.flush()
+            if stdin == subprocess.DEVNULL:
+                self.proc.stdin.close()
             _STARTED.add(self)
 
     @property
@@ -167,6 +186,14 @@ class ProcessGroup:
             self.watchdog.stdin.close()
             self.proc.wait()  # the leader's zombie held its pid (the group id) until now
             _STARTED.discard(self)
+
+
+def _check_runnable(program: str, path: str) -> None:
+    """Raise the ``OSError`` that exec would for ``program`` (the gate execs it only after the start returned)."""
+    if shutil.which(program, path=path):
+        return
+    code = errno.EACCES if os.sep in program and os.path.exists(program) else errno.ENOENT
+    raise OSError(code, os.strerror(code), program)
 
 
 def _wait_gone(pgid: int, seconds: float) -> None:

@@ -262,6 +262,36 @@ def check_stopped_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     assert gone(mark, SETTLE_S) == []
 
 
+#: a starter that dies by SIGKILL at the start of a group's watchdog: just after the leader was started
+KILLED_BEFORE_THE_WATCHDOG = """
+import os, signal, subprocess, sys
+from harness.sut.process import ProcessGroup
+started = []
+def popen(*args, _popen=subprocess.Popen, **kwargs):
+    if started:
+        os.kill(os.getpid(), signal.SIGKILL)
+    started.append(args)
+    return _popen(*args, **kwargs)
+subprocess.Popen = popen
+ProcessGroup(["/bin/sh", "-c", "touch " + sys.argv[1] + "; exec sleep 120"], {})
+"""
+
+
+def test_a_starter_killed_before_its_watchdog_runs_starts_nothing(tmp_path: Path) -> None:
+    """SIGKILL cannot be held off: a starter killed between starting a group and its watchdog leaves no process,
+    because the program runs only once the watchdog does (before the gate, the program was left to init)."""
+    mark, ran = uuid.uuid4().hex, tmp_path / "ran"
+    starter = subprocess.run([sys.executable, "-c", KILLED_BEFORE_THE_WATCHDOG, str(ran)], cwd=ROOT, timeout=120,
+                             env={**os.environ, MARK_ENV: mark, "PYTHONPATH": str(ROOT)}, capture_output=True)
+    try:
+        assert starter.returncode == -signal.SIGKILL, starter.stderr.decode()
+        assert gone(mark, SETTLE_S) == []
+        assert not ran.exists(), "the program ran without a watchdog"
+    finally:
+        for pid, *_ in marked(mark):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_while_the_command_line_loads_is_one_line(tmp_path: Path, signum: int) -> None:
     """torch takes seconds to import: a stop signal then still ends the command with 128 + signal and one line."""
