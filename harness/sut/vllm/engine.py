@@ -13,17 +13,20 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from fixtures.workloads import Workload
-from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
+from harness.sut.base import Applied, CacheTraits, PassResult, SpecTraits, Totals, Traits
 from harness.sut.vllm import LEVELS
-from harness.sut.vllm.arguments import engine_arguments
+from harness.sut.vllm.arguments import engine_arguments, read_back, tight_blocks
 from harness.sut.vllm.connectors import ExampleConnectorTier, nixl_backoff
 from harness.sut.vllm.pd import PdPair, PdSystem
-from harness.sut.vllm.protocol import SPEC_COUNTERS, ChildProcess, add_counters, field, request_output, serve_message
+from harness.sut.vllm.protocol import (
+    SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, add_counters, field, request_output, serve_message,
+)
 from reference_impl.request import RequestSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -40,8 +43,18 @@ def vllm_traits(levels: Mapping[str, object]) -> Traits:
         cache=CacheTraits(enabled=cache != "off", page_size=page_size, chunk_size=page_size, state_interval=page_size,
                           tiers=("storage",) if cache == "storage" else (),
                           rule=ExampleConnectorTier() if cache == "storage" else None),
-        audited=False, pd=levels["pd"] != "off",
+        audited=False, pd=levels["pd"] != "off", pressed=levels["kv_capacity"] == "tight",
     )
+
+
+def applied_traits(traits: Traits, applied: tuple[Applied, ...]) -> Traits:
+    """``traits`` with what vLLM applied read back: its cache judged by the block size it used (vLLM raises a hybrid
+    model's attention block to hold a Mamba state's page: ``vllm/model_executor/models/config.py``)."""
+    used = {setting.what: setting.used for setting in applied}
+    page = used.get("page_size", traits.cache.page_size)
+    page = page if isinstance(page, int) else traits.cache.page_size
+    cache = replace(traits.cache, page_size=page, chunk_size=page, state_interval=page)
+    return replace(traits, cache=cache, applied=applied)
 
 
 class VllmEngine:
@@ -53,27 +66,41 @@ class VllmEngine:
         if faults:
             raise ValueError(f"faults are planted in the reference engine; a vllm cell takes none ({', '.join(faults)})")
         self.levels = LEVELS.full(levels)
+        if self.levels["pd"] != "off" and self.levels["kv_capacity"] == "tight":
+            raise ValueError("kv_capacity = tight sizes one engine's KV cache; a PD pair's is not built (pd = off)")
         self.tier = Path(tempfile.mkdtemp(prefix="kvmatrix-tier-")) if self.levels["cache"] == "storage" else None
+        self.engine_args = engine_args
         self.arguments = engine_arguments(self.levels, engine_args, self.tier)
         self.env = {"VLLM_BATCH_INVARIANT": "1"} if self.levels["deterministic"] == "on" else {}
         if device.startswith("cuda"):
             self.env["CUDA_VISIBLE_DEVICES"] = device.partition(":")[2] or "0"
         self.traits = vllm_traits(self.levels)
         self.children: dict[bool, ChildProcess] = {}  # alone → its child
+        self.blocks: dict[bool, int | None] = {}  # alone → the KV blocks its child was started with (None: roomy)
         self.pair: PdPair | None = None
 
-    def child(self, alone: bool) -> tuple[ChildProcess, float]:
+    def child(self, alone: bool, workload: Workload) -> tuple[ChildProcess, float]:
         """The cell's child (``alone``: a second one running one request at a time, with no tier), started on first
-        use, and the seconds vLLM took to start it now (0 when it was running already, emptied for a new workload)."""
-        if alone in self.children:
+        use, and the seconds vLLM took to start it now (0 when it was running already, emptied for a new workload).
+        A tight cell sizes its KV cache from ``workload``: a child of another size is replaced."""
+        blocks = tight_blocks(workload, self.levels) if self.levels["kv_capacity"] == "tight" else None
+        if alone in self.children and self.blocks[alone] == blocks:
             self.children[alone].ask({"op": "reset", "reset_connector": True})
             self.empty_tier()
             return self.children[alone], 0.0
-        arguments = {**self.arguments, "max_num_seqs": 1} if alone else self.arguments
+        if alone in self.children:
+            self.children.pop(alone).close()
+            self.empty_tier()
+        arguments = engine_arguments(self.levels, self.engine_args, self.tier, blocks)
         if alone:
+            arguments = {**arguments, "max_num_seqs": 1}
             arguments.pop("kv_transfer_config", None)
         child = self.children[alone] = ChildProcess(self.env)
-        return child, float(field(child.ask({"op": "start", "engine_args": arguments}), "seconds", (int, float)))
+        self.blocks[alone] = blocks
+        answer = child.ask({"op": "start", "engine_args": arguments})
+        if not alone:  # the cell's own engine: judged by what it applied (the one-at-a-time child runs 1 on purpose)
+            self.traits = applied_traits(self.traits, read_back(arguments, field(answer, "applied", dict)))
+        return child, float(field(answer, "seconds", (int, float)))
 
     def pd_pair(self) -> tuple[PdPair, float, bool]:
         """The cell's PD pair, started side by side on first use (and the wall seconds that took), else emptied; and
@@ -93,7 +120,7 @@ class VllmEngine:
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
     def session(self, workload: Workload) -> VllmSession:
-        return VllmSession(self)
+        return VllmSession(self, workload)
 
     def close(self) -> None:
         try:
@@ -112,8 +139,9 @@ class VllmSession:
     """One workload's systems on the cell's child (or pair): a cold prefix cache and an empty tier at the first
     ``open``."""
 
-    def __init__(self, engine: VllmEngine) -> None:
+    def __init__(self, engine: VllmEngine, workload: Workload) -> None:
         self.engine = engine
+        self.workload = workload
 
     def open(self, *, tenant_suffix: str = "", alone: bool = False) -> VllmSystem | PdSystem:
         if tenant_suffix:
@@ -121,7 +149,7 @@ class VllmSession:
         if self.engine.traits.pd and not alone:
             pair, start_seconds, emptied = self.engine.pd_pair()
             return PdSystem(pair, self.engine.traits, start_seconds, emptied)
-        child, start_seconds = self.engine.child(alone)
+        child, start_seconds = self.engine.child(alone, self.workload)
         return VllmSystem(child, self.engine.traits, start_seconds, tiered=self.engine.tier is not None and not alone)
 
     def close(self) -> None:
@@ -139,6 +167,7 @@ class VllmSystem:
         self.tiered = tiered
         self.passes = 0
         self.seconds = {"start": start_seconds, "requests": 0.0}
+        self.counted: dict[str, int] = {}  # the scheduler's counters over every pass
 
     def serve(self, rounds: Sequence[Sequence[RequestSpec]]) -> PassResult:
         if self.tiered and self.passes:
@@ -150,10 +179,14 @@ class VllmSystem:
             outputs += [request_output(out) for out in field(answer, "outputs", list)]
             self.seconds["requests"] += float(field(answer, "seconds", (int, float)))
             add_counters(counters, answer, "tier_" if self.tiered else None)
+        for name in SCHEDULER_COUNTERS:
+            if name in counters:
+                self.counted[name] = self.counted.get(name, 0) + counters[name]
         return PassResult(outputs=outputs, counters=counters)
 
     def totals(self) -> Totals:
-        return Totals(stats={}, seconds=dict(self.seconds))
+        return Totals(stats={name: self.counted[name] for name in SCHEDULER_COUNTERS if name in self.counted},
+                      seconds=dict(self.seconds))
 
     def close(self) -> None:
         pass

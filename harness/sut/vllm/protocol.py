@@ -104,6 +104,8 @@ class ChildProcess:
 
 #: the speculative counters a serve answer carries, summed per pass; a KV connector's are added beside them.
 SPEC_COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
+#: what the scheduler did under KV pressure in a serve: requests preempted, cached blocks evicted.
+SCHEDULER_COUNTERS = ("preemptions", "evicted_blocks")
 
 
 def serve_message(group: Sequence[RequestSpec], *, max_new_tokens: int | None = None,
@@ -121,11 +123,14 @@ def serve_message(group: Sequence[RequestSpec], *, max_new_tokens: int | None = 
 
 
 def add_counters(counters: dict[str, int], answer: Mapping, connector: str | None = None) -> None:
-    """Add a serve answer's speculative counters to ``counters``, and, named ``connector`` + name, what its KV
-    connector moved (a tier's cell: what it loaded)."""
-    spec = field(answer, "spec", dict)
+    """Add a serve answer's speculative and scheduler counters (preemptions, evicted blocks) to ``counters``, and,
+    named ``connector`` + name, what its KV connector moved (a tier's cell: what it loaded)."""
+    spec, scheduler = field(answer, "spec", dict), field(answer, "scheduler", dict)
     for name in SPEC_COUNTERS:
         counters[name] = counters.get(name, 0) + int(field(spec, name, int))
+    for name in SCHEDULER_COUNTERS:
+        if name in scheduler:  # evictions are countable only where the engine core runs in the child
+            counters[name] = counters.get(name, 0) + int(field(scheduler, name, int))
     if connector is not None:
         for name, value in field(answer, "connector", dict).items():
             counters[connector + name] = counters.get(connector + name, 0) + int(value)

@@ -8,6 +8,7 @@ import torch
 
 from fixtures.workloads import CachedExpectation
 from harness.oracles import judge, oracles
+from harness.oracles.accept_length import missed_bound
 from harness.oracles.tokens import TOKEN_WINDOW
 from harness.oracles.view import KnownFailure, PassView
 from harness.sut.base import Applied, CacheTraits, PassResult, SpecTraits, Traits
@@ -37,7 +38,7 @@ def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None
          spec_reference_counters: dict[str, int] | None = None, cross_reference: list[RequestOutput] | None = None,
          tolerances: dict[str, float] | None = None, accept_band: tuple[float, float] | None = None,
          known: tuple[KnownFailure, ...] = (), applied: tuple[Applied, ...] = (),
-         verified: dict[str, tuple[int, ...]] | None = None) -> PassView:
+         verified: dict[str, tuple[int, ...]] | None = None, pressed: bool = False) -> PassView:
     """One pass as an oracle sees it, built from plain values: what each test changes is named, the rest is a
     sound pass of ``outputs`` against a ``golden`` equal to it. ``reference`` is what batch invariance holds the pass
     to: each request alone for the cold pass, the cold pass for a later one."""
@@ -54,7 +55,7 @@ def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None
     traits = Traits(dtype=dtype, model="m", hybrid=hybrid, deterministic=deterministic,
                     spec=SpecTraits(method=spec, k=max_accept_length - 1, pass_counted=pass_counted),
                     cache=CacheTraits(enabled=True, page_size=page_size, chunk_size=page_size, state_interval=page_size),
-                    aborts_allowed=aborts_allowed, audited=audited, applied=applied)
+                    aborts_allowed=aborts_allowed, audited=audited, applied=applied, pressed=pressed)
     got = PassResult(outputs=outputs, nan_events=nan_events or [], audit=audit or [], counters=counters or {},
                      pd=pd_ledger, verified=verified or {})
     return PassView(
@@ -82,7 +83,8 @@ def test_every_oracle_passes_on_identical_results() -> None:
     verdicts = judge([view(baseline(), deterministic=True, reference=baseline(),
                            spec_reference=baseline(), max_accept_length=4, page_size=4, pd_ledger=LEDGER,
                            prompts={"a": tuple(range(12)), "b": (1, 2, 3, 4)}, name="cold",
-                           cross_reference=baseline(), applied=(Applied("slots", 4, 4),))])
+                           cross_reference=baseline(), applied=(Applied("slots", 4, 4),), pressed=True,
+                           counters={"preemptions": 1})])
     assert {name: v.status for name, v in verdicts.items()} == {name: "pass" for name in ORACLES}
 
 
@@ -202,7 +204,8 @@ def test_accept_length_fails_when_warm_drops_and_names_both_means() -> None:
     v = ORACLES["accept_length"](accept_views(cold=[2, 2], warm=[0, 0], golden=[2, 2]))
     assert v.status == "fail"
     first = v.detail[0]
-    assert (first["pass"], first["against"], first["expected"], first["got"]) == ("warm", "golden", 3.0, 1.0)
+    assert (first["pass"], first["against"], first["expected"], first["got"]) == ("warm", "golden",
+                                                                                 "at least 2.7 (3 less 10%)", 1.0)
     assert first["histogram"] == {"1": 4} and first["expected_histogram"] == {"3": 4}
     assert {d["against"] for d in v.detail} == {"golden", "cold"}
     assert first["movers"][0]["drop"] == 2.0
@@ -210,7 +213,15 @@ def test_accept_length_fails_when_warm_drops_and_names_both_means() -> None:
 
 def test_accept_length_tolerates_a_small_drop_and_fails_above_the_maximum() -> None:
     assert ORACLES["accept_length"](accept_views(cold=[2, 2, 2, 2, 2, 1], warm=[2] * 6, golden=[2] * 6)).status == "pass"
-    assert ORACLES["accept_length"](accept_views(cold=[3], warm=[3], golden=[3], max_accept=3)).status == "fail"
+    above = ORACLES["accept_length"](accept_views(cold=[3], warm=[3], golden=[3], max_accept=3))
+    assert above.status == "fail" and "4.0 (expected at most 3 (k + 1))" in above.message
+
+
+def test_a_failed_bound_prints_the_bound_that_failed() -> None:
+    """Above k + 1 and below the golden's mean too: the bound printed is k + 1, the one that cannot be argued."""
+    assert missed_bound(4.4, 5.0, 4) == "at most 4 (k + 1)"
+    assert missed_bound(3.0, 4.0, 4) == "at least 3.6 (4 less 10%)"
+    assert missed_bound(3.6, 4.0, 4) is None
 
 
 def test_accept_length_ignores_a_request_that_is_missing() -> None:

@@ -53,7 +53,7 @@ for line in sys.stdin:
         if mode == "die":
             sys.stderr.write("fake vLLM child: out of memory\n"); sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-        print(json.dumps({"ok": True, "seconds": 0.0}), flush=True); continue
+        print(json.dumps({"ok": True, "seconds": 0.0, "applied": {}}), flush=True); continue
     if mode == "hang":
         time.sleep(3600)
     if mode == "not_json":
@@ -61,7 +61,7 @@ for line in sys.stdin:
     out = {"rid": "x", "tokens": [1], "logprobs": [-0.1], "top_ids": [[1, 2]], "top_logprobs": [[-0.1, -2.0]],
            "num_cached_tokens": 0, "finish_reason": "length"}
     del out["tokens"]
-    print(json.dumps({"ok": True, "seconds": 0.0, "outputs": [out], "spec": {}}), flush=True)
+    print(json.dumps({"ok": True, "seconds": 0.0, "outputs": [out], "spec": {}, "scheduler": {}}), flush=True)
 '''
 
 MATRIX = """
@@ -170,6 +170,90 @@ def test_a_hung_child_is_an_error_cell_within_the_timeout_and_is_killed(tmp_path
     assert result.status == "error" and "exceeded its timeout of 5 s" in result.error
     assert time.monotonic() - started < 5 + protocol.CLOSE_GRACE_S + 5
     assert alive(pids) == []
+
+
+#: a stand-in that serves every request (one token id, repeated) and reports what ``FAKE_APPLIED`` says vLLM applied;
+#: started tight (``num_gpu_blocks_override``), it does what ``FAKE_UNDER_PRESSURE`` says: preempts (and evicts),
+#: never preempts, or loses the last request of each serve while preempting
+PRESSED_CHILD = r'''
+import json, os, sys
+tight, applied, pressure = False, json.loads(os.environ.get("FAKE_APPLIED", "{}")), os.environ["FAKE_UNDER_PRESSURE"]
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg["op"] == "close":
+        print(json.dumps({"ok": True}), flush=True); break
+    if msg["op"] == "start":
+        tight = "num_gpu_blocks_override" in msg["engine_args"]
+        print(json.dumps({"ok": True, "seconds": 0.0, "applied": applied}), flush=True); continue
+    if msg["op"] == "reset":
+        print(json.dumps({"ok": True, "reset": True, "steps": 0}), flush=True); continue
+    requests = msg["requests"][:-1] if tight and pressure == "loses" else msg["requests"]
+    outputs = [{"rid": r["rid"], "tokens": [1] * r["max_new_tokens"], "logprobs": [-0.1] * r["max_new_tokens"],
+                "top_ids": [[1, 2]] * r["max_new_tokens"], "top_logprobs": [[-0.1, -3.0]] * r["max_new_tokens"],
+                "num_cached_tokens": 0, "finish_reason": "length", "kv_transfer_params": None} for r in requests]
+    preempted = 2 if tight and pressure != "never" else 0
+    print(json.dumps({"ok": True, "seconds": 0.0, "outputs": outputs, "connector": {},
+                      "spec": {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0},
+                      "scheduler": {"preemptions": preempted, "evicted_blocks": preempted}}), flush=True)
+'''
+
+
+@pytest.mark.parametrize(("pressure", "verdicts"), [
+    ("preempts", {"pressure": "pass", "completeness": "pass"}),
+    ("never", {"pressure": "fail", "completeness": "pass"}),
+    ("loses", {"pressure": "pass", "completeness": "fail"}),
+])
+def test_a_tight_cell_must_preempt_and_lose_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pressure: str,
+                                                     verdicts: dict[str, str]) -> None:
+    """kv_capacity = tight: the engine's counters must show the edge reached, and a request lost there fails."""
+    point_vllm_at(PRESSED_CHILD, tmp_path, monkeypatch)
+    monkeypatch.setenv("FAKE_UNDER_PRESSURE", pressure)
+    matrix, cell = vllm_cell(tmp_path, 'kv_capacity = ["tight"]')
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    assert {name: result.oracles[name].status for name in verdicts} == verdicts, result.error
+    preempted = 0 if pressure == "never" else 4  # two passes of the pair workload
+    assert (result.metrics["preemptions"], result.metrics["evicted_blocks"]) == (preempted, preempted)
+
+
+def test_a_roomy_cell_is_not_judged_for_pressure_and_shows_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    point_vllm_at(PRESSED_CHILD, tmp_path, monkeypatch)
+    monkeypatch.setenv("FAKE_UNDER_PRESSURE", "preempts")
+    matrix, cell = vllm_cell(tmp_path)
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    assert result.oracles["pressure"].status == "skip"
+    assert (result.metrics["preemptions"], result.metrics["evicted_blocks"]) == (0, 0)
+
+
+def test_a_setting_vllm_overrode_is_read_back_and_fails_applied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked through [engine_args] (the level is refused on CPU), async scheduling that vLLM turned off is a finding;
+    a block size it raised is shown and adopted, not a finding."""
+    point_vllm_at(PRESSED_CHILD, tmp_path, monkeypatch)
+    monkeypatch.setenv("FAKE_UNDER_PRESSURE", "never")
+    monkeypatch.setenv("FAKE_APPLIED", json.dumps({"async_scheduling": False, "block_size": 64}))
+    matrix, cell = vllm_cell(tmp_path, extra="\n[engine_args]\nasync_scheduling = true\n")
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    verdict = result.oracles["applied"]
+    assert verdict.status == "fail" and "async_scheduling: asked True, engine used False" in verdict.message
+    assert result.metrics["applied_changes"] == ["page_size: asked 32, engine used 64",
+                                                 "async_scheduling: asked True, engine used False"]
+
+
+def test_tight_sizing_fits_the_largest_request_and_its_lookahead() -> None:
+    from fixtures.workloads import load_workload
+    from harness.sut.vllm.arguments import tight_blocks
+
+    workload = load_workload("system_prompt")
+    longest = max(len(r.prompt) + r.max_new_tokens for r in workload.requests)
+    plain, drafting = (tight_blocks(workload, VLLM.full(levels)) for levels in ({}, {"spec": "ngram"}))
+    assert plain == -(-longest // 32) + 1 and drafting == -(-(longest + 3) // 32) + 1
+    args = engine_arguments(VLLM.full({"kv_capacity": "tight"}), {}, blocks=plain)
+    assert (args["num_gpu_blocks_override"], args["max_model_len"]) == (plain, plain * 32)
+
+
+def test_async_scheduling_is_refused_on_cpu_with_the_source_that_turns_it_off() -> None:
+    reason = VLLM.refused("cpu", "async_scheduling", "on")
+    assert reason is not None and "vllm/platforms/cpu.py" in reason
+    assert VLLM.refused("cuda", "async_scheduling", "on") is None and VLLM.refused("cpu", "async_scheduling", "off") is None
 
 
 def test_no_vllm_interpreter_is_an_error_naming_the_make_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -61,7 +61,8 @@ for line in sys.stdin:
                 "top_ids": [[1, 2]] * r["max_new_tokens"], "top_logprobs": [[-0.1, -3.0]] * r["max_new_tokens"],
                 "num_cached_tokens": 0, "finish_reason": "length", "kv_transfer_params": None} for r in msg["requests"]]
     print(json.dumps({"ok": True, "seconds": 0.0, "outputs": outputs, "connector": {},
-                      "spec": {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}}), flush=True)
+                      "spec": {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0},
+                      "scheduler": {"preemptions": 0}}), flush=True)
 '''
 
 MATRIX = """
