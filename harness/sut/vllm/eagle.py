@@ -1,0 +1,37 @@
+"""How vLLM's prefix cache grants hits with an EAGLE proposer: one block fewer than the pages cached.
+
+The EAGLE head drafts from the target's hidden states at the position before the generation point, which a cache
+hit would skip, so vLLM recomputes the last matched block: ``find_longest_cache_hit`` in
+``vllm/v1/core/single_type_kv_cache_manager.py`` ("if drop_eagle_block and hit_length > 0: hit_length -=
+min(alignment_tokens, block_size)"; ``use_eagle`` is set for EAGLE and MTP proposers, not for a draft model). A
+request that the paged rule grants m whole blocks gets max(0, m - 1) of them.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from fixtures.workloads import CachedExpectation, Workload
+from harness.sut.base import CacheRule, PassResult, Traits
+from harness.sut.rules import SHARED
+
+
+@dataclass(frozen=True, slots=True)
+class EagleDropsLastBlock:
+    """The ``inner`` rule's hits (the shared paged rule's, or a tier's), one block fewer wherever there is one."""
+
+    inner: CacheRule = field(default=SHARED)
+    name: str = ("vLLM with an EAGLE proposer recomputes the last matched block "
+                 "(vllm/v1/core/single_type_kv_cache_manager.py, find_longest_cache_hit, drop_eagle_block)")
+
+    def expected(self, workload: Workload, traits: Traits, name: str,
+                 passes: Mapping[str, PassResult]) -> dict[str, CachedExpectation]:
+        """rid → the inner rule's allowed cached tokens less one block (never below 0)."""
+        return {rid: _less_one_block(e, self.name) for rid, e in self.inner.expected(workload, traits, name, passes).items()}
+
+
+def _less_one_block(expected: CachedExpectation, basis: str) -> CachedExpectation:
+    block = expected.page_size
+    values = None if expected.values is None else tuple(sorted({max(0, v - block) for v in expected.values}))
+    return replace(expected, lo=max(0, expected.lo - block), hi=max(0, expected.hi - block), values=values,
+                   basis=f"{basis}; {expected.basis}")

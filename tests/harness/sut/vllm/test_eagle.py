@@ -1,0 +1,36 @@
+"""vLLM's EAGLE cache rule: one block fewer than the paged rule grants, never below nothing."""
+from __future__ import annotations
+
+from fixtures.workloads import CachedExpectation, load_workload
+from harness.sut.rules import SHARED
+from harness.sut.vllm import LEVELS
+from harness.sut.vllm.eagle import EagleDropsLastBlock
+from harness.sut.vllm.engine import vllm_traits
+
+
+def test_an_eagle_cell_expects_one_block_fewer_than_the_paged_rule() -> None:
+    traits = vllm_traits(LEVELS.full({"cache": "device", "spec": "eagle", "page_size": 32}))
+    assert isinstance(traits.cache.rule, EagleDropsLastBlock)
+    workload = load_workload("system_prompt")
+    paged = SHARED.expected(workload, traits, "warm", {})
+    eagle = traits.cache.rule.expected(workload, traits, "warm", {})
+    assert any(e.hi >= 64 for e in paged.values())  # a request with two whole blocks or more, so the rule bites
+    for rid, e in paged.items():
+        assert (eagle[rid].lo, eagle[rid].hi) == (max(0, e.lo - 32), max(0, e.hi - 32))
+        assert "drop_eagle_block" in eagle[rid].basis
+
+
+def test_listed_values_lose_a_block_each_and_a_single_block_hit_becomes_none() -> None:
+    class Listed:
+        name = "listed"
+
+        def expected(self, workload, traits, name, passes):
+            return {"r": CachedExpectation(32, 96, 32, values=(32, 96), basis="listed")}
+
+    got = EagleDropsLastBlock(Listed()).expected(None, None, "warm", {})["r"]
+    assert (got.lo, got.hi, got.values) == (0, 64, (0, 64))
+
+
+def test_other_proposers_keep_the_paged_rule() -> None:
+    for spec in ("none", "ngram", "draft", "self"):
+        assert vllm_traits(LEVELS.full({"cache": "device", "spec": spec})).cache.rule is None
