@@ -14,7 +14,8 @@ scheduler               ``scheduling_policy`` (the workload's priorities are alw
 async_scheduling        ``async_scheduling``
 kv_cache_dtype          ``kv_cache_dtype`` (auto, fp8)
 kv_capacity             roomy: a fixed 256 MiB KV cache; tight: ``num_gpu_blocks_override`` of the blocks the
-                        workload's largest request needs plus one (``tight_blocks``), and ``max_model_len`` to match
+                        workload's largest request needs plus vLLM's null block (``tight_blocks``), and
+                        ``max_model_len`` to match
 dtype                   ``dtype`` (float32, bfloat16)
 deterministic           ``VLLM_BATCH_INVARIANT=1`` in the child's environment (CUDA only)
 model                   a checkpoint made here (dense, hybrid) or a path to one
@@ -51,10 +52,12 @@ def speculative_config(levels: Mapping[str, object]) -> dict | None:
 
 def tight_blocks(workload: Workload, levels: Mapping[str, object]) -> int:
     """The KV blocks of a tight cell: what the workload's largest request needs, its draft tokens' lookahead
-    included, plus one; so requests must take turns, and a batch preempts (``vllm/v1/core/sched/scheduler.py``
-    preempts when ``allocate_slots`` finds no free block for a running request)."""
+    included, one block more, and vLLM's null block (block 0, never handed out: ``vllm/v1/core/block_pool.py``).
+    The largest request fits alone; two admitted side by side outgrow the cache as they decode, and vLLM preempts
+    (``vllm/v1/core/sched/scheduler.py``, when ``allocate_slots`` finds no free block for a running request). Without
+    the spare block requests mostly run one at a time and only bursts preempt (BENCHMARKS.md)."""
     page, lookahead = int(levels["page_size"]), int(levels["num_draft_tokens"]) if levels["spec"] != "none" else 0
-    return max(-(-(len(r.prompt) + r.max_new_tokens + lookahead) // page) for r in workload.requests) + 1
+    return max(-(-(len(r.prompt) + r.max_new_tokens + lookahead) // page) for r in workload.requests) + 2
 
 
 def engine_arguments(levels: Mapping[str, object], engine_args: Mapping[str, object],
@@ -80,8 +83,8 @@ def engine_arguments(levels: Mapping[str, object], engine_args: Mapping[str, obj
     tier = tier_config(str(levels["cache"]), tier_dir)
     if tier is not None:
         args["kv_transfer_config"] = tier
-    if blocks is not None:  # a request longer than the cache could hold would wait forever: vLLM refuses it instead
-        args.update(num_gpu_blocks_override=blocks, max_model_len=blocks * int(levels["page_size"]))
+    if blocks is not None:  # what the usable blocks hold (vLLM refuses to start with a longer max_model_len)
+        args.update(num_gpu_blocks_override=blocks, max_model_len=(blocks - 1) * int(levels["page_size"]))
     return {**args, **engine_args}
 
 

@@ -24,7 +24,7 @@ from harness.sut.rules import SHARED
 from harness.sut.vllm import LEVELS
 from harness.sut.vllm.arguments import engine_arguments, read_back, tight_blocks
 from harness.sut.vllm.connectors import ExampleConnectorTier, nixl_backoff
-from harness.sut.vllm.eagle import EagleDropsLastBlock
+from harness.sut.vllm.cache_rules import EagleDropsLastBlock, EvictedUnderPressure
 from harness.sut.vllm.pd import PdPair, PdSystem
 from harness.sut.vllm.protocol import (
     SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, add_counters, field, request_output, serve_message,
@@ -34,11 +34,13 @@ from reference_impl.request import RequestSpec
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def cache_rule(cache: str, spec: str) -> CacheRule | None:
-    """The rule a vLLM cell's hits are judged by: a disk tier's, then one block fewer with an EAGLE proposer; None
-    for the shared paged rule."""
-    rule = ExampleConnectorTier() if cache == "storage" else None
-    return EagleDropsLastBlock(rule or SHARED) if spec == "eagle" else rule
+def cache_rule(levels: Mapping[str, object]) -> CacheRule | None:
+    """The rule a vLLM cell's hits are judged by: a disk tier's, then one block fewer with an EAGLE proposer, then
+    a ceiling only in a tight KV cache; None for the shared paged rule."""
+    rule = ExampleConnectorTier() if levels["cache"] == "storage" else None
+    if levels["spec"] == "eagle":
+        rule = EagleDropsLastBlock(rule or SHARED)
+    return EvictedUnderPressure(rule or SHARED) if levels["kv_capacity"] == "tight" else rule
 
 
 def vllm_traits(levels: Mapping[str, object]) -> Traits:
@@ -51,7 +53,7 @@ def vllm_traits(levels: Mapping[str, object]) -> Traits:
         # vLLM keeps a Mamba state at every block boundary (mamba_cache_mode "align"): the snapshot grid is the block
         cache=CacheTraits(enabled=cache != "off", page_size=page_size, chunk_size=page_size, state_interval=page_size,
                           tiers=("storage",) if cache == "storage" else (),
-                          rule=cache_rule(cache, str(levels["spec"]))),
+                          rule=cache_rule(levels)),
         audited=False, pd=levels["pd"] != "off", pressed=levels["kv_capacity"] == "tight",
     )
 

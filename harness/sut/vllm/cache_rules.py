@@ -1,10 +1,16 @@
-"""How vLLM's prefix cache grants hits with an EAGLE proposer: one block fewer than the pages cached.
+"""How vLLM's prefix cache grants hits where the shared paged rule does not say it: with an EAGLE proposer, and
+under KV pressure. Each wraps another rule (the shared one, or a tier's) and cites the vLLM source it models.
 
-The EAGLE head drafts from the target's hidden states at the position before the generation point, which a cache
+EAGLE: the head drafts from the target's hidden states at the position before the generation point, which a cache
 hit would skip, so vLLM recomputes the last matched block: ``find_longest_cache_hit`` in
 ``vllm/v1/core/single_type_kv_cache_manager.py`` ("if drop_eagle_block and hit_length > 0: hit_length -=
 min(alignment_tokens, block_size)"; ``use_eagle`` is set for EAGLE and MTP proposers, not for a draft model). A
 request that the paged rule grants m whole blocks gets max(0, m - 1) of them.
+
+Pressure: a freed block keeps its hash until it is handed out again, and the free queue hands out the least
+recently used first (``FreeKVCacheBlockQueue`` in ``vllm/v1/core/kv_cache_utils.py``; ``BlockPool
+._maybe_evict_cached_block``), so in a cache too small for the workload any cached block may be gone when a later
+request looks it up: a hit is anything from nothing up to what the paged rule grants, never more.
 """
 from __future__ import annotations
 
@@ -35,3 +41,18 @@ def _less_one_block(expected: CachedExpectation, basis: str) -> CachedExpectatio
     values = None if expected.values is None else tuple(sorted({max(0, v - block) for v in expected.values}))
     return replace(expected, lo=max(0, expected.lo - block), hi=max(0, expected.hi - block), values=values,
                    basis=f"{basis}; {expected.basis}")
+
+
+@dataclass(frozen=True, slots=True)
+class EvictedUnderPressure:
+    """The ``inner`` rule's hits as a ceiling: under KV pressure vLLM may have evicted any of them."""
+
+    inner: CacheRule = field(default=SHARED)
+    name: str = ("vLLM under KV pressure evicts least recently used cached blocks "
+                 "(vllm/v1/core/kv_cache_utils.py, FreeKVCacheBlockQueue): at most the paged rule's hit")
+
+    def expected(self, workload: Workload, traits: Traits, name: str,
+                 passes: Mapping[str, PassResult]) -> dict[str, CachedExpectation]:
+        """rid → from 0 to the inner rule's ceiling, any tier's share left free."""
+        return {rid: replace(e, lo=0, values=None, host=None, storage=None, basis=f"{self.name}; {e.basis}")
+                for rid, e in self.inner.expected(workload, traits, name, passes).items()}

@@ -1,10 +1,10 @@
-"""vLLM's EAGLE cache rule: one block fewer than the paged rule grants, never below nothing."""
+"""vLLM's own cache rules: one block fewer with EAGLE, a ceiling only under KV pressure."""
 from __future__ import annotations
 
 from fixtures.workloads import CachedExpectation, load_workload
 from harness.sut.rules import SHARED
 from harness.sut.vllm import LEVELS
-from harness.sut.vllm.eagle import EagleDropsLastBlock
+from harness.sut.vllm.cache_rules import EagleDropsLastBlock, EvictedUnderPressure
 from harness.sut.vllm.engine import vllm_traits
 
 
@@ -34,3 +34,12 @@ def test_listed_values_lose_a_block_each_and_a_single_block_hit_becomes_none() -
 def test_other_proposers_keep_the_paged_rule() -> None:
     for spec in ("none", "ngram", "draft", "self"):
         assert vllm_traits(LEVELS.full({"cache": "device", "spec": spec})).cache.rule is None
+
+
+def test_a_tight_cell_allows_anything_up_to_the_paged_hit() -> None:
+    traits = vllm_traits(LEVELS.full({"cache": "device", "kv_capacity": "tight", "spec": "eagle"}))
+    assert isinstance(traits.cache.rule, EvictedUnderPressure) and isinstance(traits.cache.rule.inner, EagleDropsLastBlock)
+    workload = load_workload("templated")
+    ceiling = traits.cache.rule.inner.expected(workload, traits, "warm", {})
+    for rid, e in traits.cache.rule.expected(workload, traits, "warm", {}).items():
+        assert (e.lo, e.hi) == (0, ceiling[rid].hi) and "FreeKVCacheBlockQueue" in e.basis
