@@ -112,7 +112,8 @@ def _trace_findings(view: PassView) -> list[dict]:
         if want is None or out.finish_reason != "length" or out.preemptions or not prompts.get(out.rid):
             continue  # a preempted request's recompute emits a token from prefill: the step grid restarts
         if spec.method == "ngram":
-            accepted, drafted = ngram_trace(prompts[out.rid], out.tokens, spec.k, want)
+            trace = ngram_trace(prompts[out.rid], out.tokens, spec.k, want)
+            accepted, drafted = trace.accepted, trace.drafted
         else:
             accepted, drafted = list(out.accepted), drafted_trace(out.accepted, spec.k, want)
         if (list(out.accepted), list(out.drafted)) != (accepted, drafted):

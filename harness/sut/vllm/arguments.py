@@ -22,13 +22,28 @@ model                   a checkpoint made here (dense, hybrid) or a path to one
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
-from harness.sut.checkpoints import checkpoint_dir
+from fixtures.spec_expect import LookupRule
+from harness.sut.checkpoints import MAX_POSITIONS, checkpoint_dir
 from harness.sut.vllm.connectors import tier_config
 
-#: the ngram level's prompt lookup: suffix n-grams of 2 to 4 tokens.
-NGRAM_LOOKUP = (2, 4)
+#: the ngram level's prompt lookup, suffix n-grams of 2 to 4 tokens, as vLLM 0.32.0 drafts it.
+#: ``v1/spec_decode/ngram_proposer.py`` ``_find_longest_matched_ngram_and_propose_tokens``: the longest suffix n-gram
+#: (KMP over the reversed context) that occurred earlier, and of its occurrences the earliest, whose next tokens are the
+#: draft, at most ``k`` and ``max_model_len`` less the context. Nothing cuts the draft to the request's ``max_tokens``:
+#: the scheduler (``v1/core/sched/scheduler.py`` ``Scheduler.schedule``) caps the scheduled tokens at ``max_model_len``
+#: only, and ``Scheduler.update_from_output`` counts the step's accepted tokens before ``_update_request_with_output``
+#: cuts the emitted ones at ``max_tokens``. ``max_model_len`` here is the checkpoints' (``MAX_POSITIONS``);
+#: ``lookup_rule`` takes an ``[engine_args]`` one.
+VLLM_LOOKUP = LookupRule("vLLM's rule", min_n=2, max_n=4, earliest=True, within_request=False,
+                         max_model_len=MAX_POSITIONS)
+
+
+def lookup_rule(engine_args: Mapping[str, object]) -> LookupRule:
+    """``VLLM_LOOKUP`` with the cell's ``max_model_len``, the one ``[engine_args]`` sets if any."""
+    return replace(VLLM_LOOKUP, max_model_len=int(engine_args.get("max_model_len", MAX_POSITIONS)))
 
 
 def speculative_config(levels: Mapping[str, object]) -> dict | None:
@@ -37,8 +52,8 @@ def speculative_config(levels: Mapping[str, object]) -> dict | None:
     if spec == "none":
         return None
     if spec == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": NGRAM_LOOKUP[0],
-                "prompt_lookup_max": NGRAM_LOOKUP[1]}
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": VLLM_LOOKUP.min_n,
+                "prompt_lookup_max": VLLM_LOOKUP.max_n}
     if spec == "eagle":
         return {"method": "eagle", "model": str(checkpoint_dir("eagle")), "num_speculative_tokens": k}
     draft = levels["model"] if spec == "self" else "draft"
