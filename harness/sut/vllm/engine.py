@@ -20,7 +20,7 @@ import torch
 from fixtures.workloads import Workload
 from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
 from harness.sut.vllm import LEVELS
-from harness.sut.vllm.arguments import engine_arguments
+from harness.sut.vllm.arguments import engine_arguments, lookup_rule
 from harness.sut.vllm.connectors import ExampleConnectorTier, nixl_backoff
 from harness.sut.vllm.pd import PdPair, PdSystem
 from harness.sut.vllm.protocol import SPEC_COUNTERS, ChildProcess, add_counters, field, request_output, serve_message
@@ -29,13 +29,15 @@ from reference_impl.request import RequestSpec
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def vllm_traits(levels: Mapping[str, object]) -> Traits:
-    """What the oracles know of a vLLM cell, from its full levels."""
+def vllm_traits(levels: Mapping[str, object], engine_args: Mapping[str, object] | None = None) -> Traits:
+    """What the oracles know of a vLLM cell, from its full levels and its ``[engine_args]``."""
     page_size, cache = int(levels["page_size"]), str(levels["cache"])
+    lookup = lookup_rule(engine_args or {}) if levels["spec"] == "ngram" else None
     return Traits(
         dtype=DTYPES[str(levels["dtype"])], model=f"vllm-{levels['model']}",
         hybrid=levels["model"] == "hybrid", deterministic=levels["deterministic"] == "on",
-        spec=SpecTraits(method=str(levels["spec"]), k=int(levels["num_draft_tokens"]), pass_counted=True),
+        spec=SpecTraits(method=str(levels["spec"]), k=int(levels["num_draft_tokens"]), pass_counted=True,
+                        lookup=lookup),
         # vLLM keeps a Mamba state at every block boundary (mamba_cache_mode "align"): the snapshot grid is the block
         cache=CacheTraits(enabled=cache != "off", page_size=page_size, chunk_size=page_size, state_interval=page_size,
                           tiers=("storage",) if cache == "storage" else (),
@@ -58,7 +60,7 @@ class VllmEngine:
         self.env = {"VLLM_BATCH_INVARIANT": "1"} if self.levels["deterministic"] == "on" else {}
         if device.startswith("cuda"):
             self.env["CUDA_VISIBLE_DEVICES"] = device.partition(":")[2] or "0"
-        self.traits = vllm_traits(self.levels)
+        self.traits = vllm_traits(self.levels, engine_args)
         self.children: dict[bool, ChildProcess] = {}  # alone → its child
         self.pair: PdPair | None = None
 

@@ -23,9 +23,10 @@ from harness.run.golden import GoldenRuns
 from harness.run.cell import run_cell
 from harness.sut.vllm import protocol, vllm_python
 from harness.run.session import check_runnable
-from harness.sut.checkpoints import checkpoint_dir
+from harness.sut.checkpoints import MAX_POSITIONS, checkpoint_dir
 from harness.sut.vllm.protocol import EngineChildError, request_output
-from harness.sut.vllm.arguments import engine_arguments
+from harness.sut.vllm.arguments import VLLM_LOOKUP, engine_arguments
+from harness.sut.vllm.engine import vllm_traits
 from tests.binaries import required_path
 from tests.harness.sut.vllm.stand_in import point_vllm_at
 
@@ -123,6 +124,14 @@ def test_levels_map_to_engine_arguments() -> None:
     self_draft = engine_arguments(VLLM.full({"spec": "self"}), {})["speculative_config"]
     assert self_draft["method"] == "draft_model" and self_draft["model"] == args["model"]
     assert "speculative_config" not in engine_arguments(VLLM.full({}), {})
+
+
+def test_an_ngram_cell_carries_vllms_lookup_rule_with_its_max_model_len() -> None:
+    """What accept_length replays: the rule the speculative config asks for, bounded by the cell's model length."""
+    rule = vllm_traits(VLLM.full({"spec": "ngram"})).spec.lookup
+    assert rule == VLLM_LOOKUP and (rule.min_n, rule.max_n, rule.max_model_len) == (2, 4, MAX_POSITIONS)
+    assert vllm_traits(VLLM.full({"spec": "ngram"}), {"max_model_len": 512}).spec.lookup.max_model_len == 512
+    assert vllm_traits(VLLM.full({"spec": "self"})).spec.lookup is None
 
 
 def test_an_answer_becomes_the_oracles_output() -> None:
