@@ -35,15 +35,26 @@ from harness.sut.vllm.connectors import tier_config
 #: draft, at most ``k`` and ``max_model_len`` less the context. Nothing cuts the draft to the request's ``max_tokens``:
 #: the scheduler (``v1/core/sched/scheduler.py`` ``Scheduler.schedule``) caps the scheduled tokens at ``max_model_len``
 #: only, and ``Scheduler.update_from_output`` counts the step's accepted tokens before ``_update_request_with_output``
-#: cuts the emitted ones at ``max_tokens``. ``max_model_len`` here is the checkpoints' (``MAX_POSITIONS``);
-#: ``lookup_rule`` takes an ``[engine_args]`` one.
+#: cuts the emitted ones at ``max_tokens``. ``max_model_len`` here is the checkpoints' (``MAX_POSITIONS``).
 VLLM_LOOKUP = LookupRule("vLLM's rule", min_n=2, max_n=4, earliest=True, within_request=False,
                          max_model_len=MAX_POSITIONS)
 
 
-def lookup_rule(engine_args: Mapping[str, object]) -> LookupRule:
-    """``VLLM_LOOKUP`` with the cell's ``max_model_len``, the one ``[engine_args]`` sets if any."""
-    return replace(VLLM_LOOKUP, max_model_len=int(engine_args.get("max_model_len", MAX_POSITIONS)))
+def lookup_rule(arguments: Mapping[str, object]) -> LookupRule | None:
+    """The prompt-lookup rule a cell's ``vllm.LLM`` arguments make vLLM draft by; None where its drafts are not a
+    function of each request's tokens alone: no ngram proposer, or a token budget a step of whole drafts can exceed.
+
+    ``Scheduler.schedule`` serves the running requests in turn from ``max_num_batched_tokens`` and cuts a request's
+    draft to the tokens left to it (``num_scheduled_spec_tokens``), so only ``max_num_seqs`` × (1 + k) within the
+    budget leaves every draft whole.
+    """
+    spec = arguments.get("speculative_config") or {}
+    if spec.get("method") != "ngram":
+        return None
+    if int(arguments["max_num_seqs"]) * (1 + int(spec["num_speculative_tokens"])) > int(arguments["max_num_batched_tokens"]):
+        return None
+    return replace(VLLM_LOOKUP, min_n=int(spec["prompt_lookup_min"]), max_n=int(spec["prompt_lookup_max"]),
+                   max_model_len=int(arguments.get("max_model_len", MAX_POSITIONS)))
 
 
 def speculative_config(levels: Mapping[str, object]) -> dict | None:

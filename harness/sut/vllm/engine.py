@@ -29,15 +29,15 @@ from reference_impl.request import RequestSpec
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def vllm_traits(levels: Mapping[str, object], engine_args: Mapping[str, object] | None = None) -> Traits:
-    """What the oracles know of a vLLM cell, from its full levels and its ``[engine_args]``."""
+def vllm_traits(levels: Mapping[str, object], arguments: Mapping[str, object] | None = None) -> Traits:
+    """What the oracles know of a vLLM cell, from its full levels and the ``vllm.LLM`` arguments they became
+    (``engine_arguments``; without them, no n-gram rule to replay)."""
     page_size, cache = int(levels["page_size"]), str(levels["cache"])
-    lookup = lookup_rule(engine_args or {}) if levels["spec"] == "ngram" else None
     return Traits(
         dtype=DTYPES[str(levels["dtype"])], model=f"vllm-{levels['model']}",
         hybrid=levels["model"] == "hybrid", deterministic=levels["deterministic"] == "on",
         spec=SpecTraits(method=str(levels["spec"]), k=int(levels["num_draft_tokens"]), pass_counted=True,
-                        lookup=lookup),
+                        lookup=lookup_rule(arguments) if arguments is not None else None),
         # vLLM keeps a Mamba state at every block boundary (mamba_cache_mode "align"): the snapshot grid is the block
         cache=CacheTraits(enabled=cache != "off", page_size=page_size, chunk_size=page_size, state_interval=page_size,
                           tiers=("storage",) if cache == "storage" else (),
@@ -60,7 +60,7 @@ class VllmEngine:
         self.env = {"VLLM_BATCH_INVARIANT": "1"} if self.levels["deterministic"] == "on" else {}
         if device.startswith("cuda"):
             self.env["CUDA_VISIBLE_DEVICES"] = device.partition(":")[2] or "0"
-        self.traits = vllm_traits(self.levels, engine_args)
+        self.traits = vllm_traits(self.levels, self.arguments)
         self.children: dict[bool, ChildProcess] = {}  # alone → its child
         self.pair: PdPair | None = None
 
