@@ -56,8 +56,9 @@ class NoProposer(StatelessProposer):
 class NgramProposer(StatelessProposer):
     """spec = ngram: the longest suffix n-gram seen earlier in the context proposes what followed it.
 
-    n runs from ``max_n`` down to ``min_n``; among earlier occurrences the latest wins (vLLM's
-    prompt-lookup proposer), and up to ``k`` tokens that followed it are the draft.
+    n runs from ``max_n`` down to ``min_n``; among earlier occurrences the latest wins (vLLM 0.32.0's
+    prompt lookup follows the earliest: ``fixtures.spec_expect.LookupRule``), and up to ``k`` tokens that
+    followed it are the draft.
     """
 
     speculative = True

@@ -25,15 +25,41 @@ model                   a checkpoint made here (dense, hybrid) or a path to one
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
+from fixtures.spec_expect import LookupRule
 from fixtures.workloads import Workload
 from harness.sut.base import Applied
-from harness.sut.checkpoints import checkpoint_dir
+from harness.sut.checkpoints import MAX_POSITIONS, checkpoint_dir
 from harness.sut.vllm.connectors import tier_config
 
-#: the ngram level's prompt lookup: suffix n-grams of 2 to 4 tokens.
-NGRAM_LOOKUP = (2, 4)
+#: the ngram level's prompt lookup, suffix n-grams of 2 to 4 tokens, as vLLM 0.32.0 drafts it.
+#: ``v1/spec_decode/ngram_proposer.py`` ``_find_longest_matched_ngram_and_propose_tokens``: the longest suffix n-gram
+#: (KMP over the reversed context) that occurred earlier, and of its occurrences the earliest, whose next tokens are the
+#: draft, at most ``k`` and ``max_model_len`` less the context. Nothing cuts the draft to the request's ``max_tokens``:
+#: the scheduler (``v1/core/sched/scheduler.py`` ``Scheduler.schedule``) caps the scheduled tokens at ``max_model_len``
+#: only, and ``Scheduler.update_from_output`` counts the step's accepted tokens before ``_update_request_with_output``
+#: cuts the emitted ones at ``max_tokens``. ``max_model_len`` here is the checkpoints' (``MAX_POSITIONS``).
+VLLM_LOOKUP = LookupRule("vLLM's rule", min_n=2, max_n=4, earliest=True, within_request=False,
+                         max_model_len=MAX_POSITIONS)
+
+
+def lookup_rule(arguments: Mapping[str, object]) -> LookupRule | None:
+    """The prompt-lookup rule a cell's ``vllm.LLM`` arguments make vLLM draft by; None where its drafts are not a
+    function of each request's tokens alone: no ngram proposer, or a token budget a step of whole drafts can exceed.
+
+    ``Scheduler.schedule`` serves the running requests in turn from ``max_num_batched_tokens`` and cuts a request's
+    draft to the tokens left to it (``num_scheduled_spec_tokens``), so only ``max_num_seqs`` × (1 + k) within the
+    budget leaves every draft whole.
+    """
+    spec = arguments.get("speculative_config") or {}
+    if spec.get("method") != "ngram":
+        return None
+    if int(arguments["max_num_seqs"]) * (1 + int(spec["num_speculative_tokens"])) > int(arguments["max_num_batched_tokens"]):
+        return None
+    return replace(VLLM_LOOKUP, min_n=int(spec["prompt_lookup_min"]), max_n=int(spec["prompt_lookup_max"]),
+                   max_model_len=int(arguments.get("max_model_len", MAX_POSITIONS)))
 
 
 def speculative_config(levels: Mapping[str, object]) -> dict | None:
@@ -42,8 +68,8 @@ def speculative_config(levels: Mapping[str, object]) -> dict | None:
     if spec == "none":
         return None
     if spec == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": NGRAM_LOOKUP[0],
-                "prompt_lookup_max": NGRAM_LOOKUP[1]}
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": VLLM_LOOKUP.min_n,
+                "prompt_lookup_max": VLLM_LOOKUP.max_n}
     if spec == "eagle":
         return {"method": "eagle", "model": str(checkpoint_dir("eagle")), "num_speculative_tokens": k}
     draft = levels["model"] if spec == "self" else "draft"

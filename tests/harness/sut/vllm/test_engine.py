@@ -23,9 +23,10 @@ from harness.run.golden import GoldenRuns
 from harness.run.cell import run_cell
 from harness.sut.vllm import protocol, vllm_python
 from harness.run.session import check_runnable
-from harness.sut.checkpoints import checkpoint_dir
+from harness.sut.checkpoints import MAX_POSITIONS, checkpoint_dir
 from harness.sut.vllm.protocol import EngineChildError, request_output
-from harness.sut.vllm.arguments import engine_arguments
+from harness.sut.vllm.arguments import VLLM_LOOKUP, engine_arguments
+from harness.sut.vllm.engine import vllm_traits
 from tests.binaries import required_path
 from tests.harness.sut.vllm.stand_in import point_vllm_at
 
@@ -123,6 +124,21 @@ def test_levels_map_to_engine_arguments() -> None:
     self_draft = engine_arguments(VLLM.full({"spec": "self"}), {})["speculative_config"]
     assert self_draft["method"] == "draft_model" and self_draft["model"] == args["model"]
     assert "speculative_config" not in engine_arguments(VLLM.full({}), {})
+
+
+def test_an_ngram_cell_carries_vllms_lookup_rule_where_its_drafts_are_whole() -> None:
+    """What accept_length replays: the rule the speculative config asks for, bounded by the cell's model length, and
+    none where the token budget can cut a step's drafts (8 requests × (1 + 3) tokens > 16)."""
+    def rule(levels: dict, engine_args: dict | None = None):
+        full = VLLM.full(levels)
+        return vllm_traits(full, engine_arguments(full, engine_args or {})).spec.lookup
+
+    assert rule({"spec": "ngram"}) == VLLM_LOOKUP and (VLLM_LOOKUP.min_n, VLLM_LOOKUP.max_n) == (2, 4)
+    assert VLLM_LOOKUP.max_model_len == MAX_POSITIONS
+    assert rule({"spec": "ngram"}, {"max_model_len": 512}).max_model_len == 512
+    assert rule({"spec": "ngram", "prefill_budget": 16}) is None
+    assert rule({"spec": "ngram", "prefill_budget": 16, "max_num_seqs": 4}) is not None
+    assert rule({"spec": "self"}) is None and vllm_traits(VLLM.full({"spec": "ngram"})).spec.lookup is None
 
 
 def test_an_answer_becomes_the_oracles_output() -> None:

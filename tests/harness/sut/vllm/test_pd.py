@@ -50,7 +50,7 @@ for line in sys.stdin:
         if os.environ.get("FAKE_CHILD_ARGS"):
             with open(os.environ["FAKE_CHILD_ARGS"], "a") as started:
                 started.write(json.dumps({"port": port, "engine_args": msg["engine_args"]}) + "\n")
-        print(json.dumps({"ok": True, "seconds": 0.0}), flush=True); continue
+        print(json.dumps({"ok": True, "seconds": 0.0, "applied": {}}), flush=True); continue
     if msg["op"] == "layout":
         print(json.dumps({"ok": True, "block_size": 32, "block_bytes": 65536, "state_bytes": 0}), flush=True); continue
     if msg["op"] == "reset":
