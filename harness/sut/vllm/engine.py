@@ -35,11 +35,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def cache_rule(levels: Mapping[str, object]) -> CacheRule | None:
-    """The rule a vLLM cell's hits are judged by: a disk tier's, then one block fewer with an EAGLE proposer, then
-    a ceiling only in a tight KV cache; None for the shared paged rule."""
+    """The rule a vLLM cell's hits are judged by: a disk tier's, else one block fewer with an EAGLE proposer (vLLM
+    drops it from the prefix cache's hit, not from a connector's), then a ceiling only in a tight KV cache; None for
+    the shared paged rule."""
     rule = ExampleConnectorTier() if levels["cache"] == "storage" else None
-    if levels["spec"] == "eagle":
-        rule = EagleDropsLastBlock(rule or SHARED)
+    if levels["spec"] == "eagle" and rule is None:  # the drop is the prefix cache's; a connector's hit keeps its block
+        rule = EagleDropsLastBlock()
     return EvictedUnderPressure(rule or SHARED) if levels["kv_capacity"] == "tight" else rule
 
 

@@ -43,3 +43,15 @@ def test_a_tight_cell_allows_anything_up_to_the_paged_hit() -> None:
     ceiling = traits.cache.rule.inner.expected(workload, traits, "warm", {})
     for rid, e in traits.cache.rule.expected(workload, traits, "warm", {}).items():
         assert (e.lo, e.hi) == (0, ceiling[rid].hi) and "FreeKVCacheBlockQueue" in e.basis
+
+
+def test_a_storage_cell_with_eagle_keeps_the_tiers_rule_and_a_pressed_cold_pass_may_load_its_own_key() -> None:
+    """vLLM drops EAGLE's block from the prefix cache's hit only; under pressure a preempted request is recomputed
+    and may load the key it saved in the same pass."""
+    from harness.sut.vllm.connectors import ExampleConnectorTier, example_tier_hit
+
+    traits = vllm_traits(LEVELS.full({"cache": "storage", "spec": "eagle", "kv_capacity": "tight", "page_size": 64}))
+    assert isinstance(traits.cache.rule, EvictedUnderPressure) and isinstance(traits.cache.rule.inner, ExampleConnectorTier)
+    workload = load_workload("repeated_phrases")
+    cold = traits.cache.rule.expected(workload, traits, "cold", {})
+    assert all(cold[r.rid].hi >= example_tier_hit(len(r.prompt), 64) for r in workload.requests)
