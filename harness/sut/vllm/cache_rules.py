@@ -23,36 +23,41 @@ from harness.sut.rules import SHARED
 
 
 @dataclass(frozen=True, slots=True)
-class EagleDropsLastBlock:
-    """The ``inner`` rule's hits (the shared paged rule's, or a tier's), one block fewer wherever there is one."""
+class _Adjusted:
+    """Another rule's hits (``inner``: the shared paged rule's, or a tier's), each adjusted by ``adjust``."""
 
     inner: CacheRule = field(default=SHARED)
-    name: str = ("vLLM with an EAGLE proposer recomputes the last matched block "
-                 "(vllm/v1/core/single_type_kv_cache_manager.py, find_longest_cache_hit, drop_eagle_block)")
+    name: str = ""
+
+    def adjust(self, expected: CachedExpectation) -> CachedExpectation:
+        raise NotImplementedError
 
     def expected(self, workload: Workload, traits: Traits, name: str,
                  passes: Mapping[str, PassResult]) -> dict[str, CachedExpectation]:
-        """rid → the inner rule's allowed cached tokens less one block (never below 0)."""
-        return {rid: _less_one_block(e, self.name) for rid, e in self.inner.expected(workload, traits, name, passes).items()}
-
-
-def _less_one_block(expected: CachedExpectation, basis: str) -> CachedExpectation:
-    block = expected.page_size
-    values = None if expected.values is None else tuple(sorted({max(0, v - block) for v in expected.values}))
-    return replace(expected, lo=max(0, expected.lo - block), hi=max(0, expected.hi - block), values=values,
-                   basis=f"{basis}; {expected.basis}")
+        """rid → the inner rule's allowed cached tokens, adjusted, on this rule's basis and the inner one's."""
+        return {rid: replace(self.adjust(e), basis=f"{self.name}; {e.basis}")
+                for rid, e in self.inner.expected(workload, traits, name, passes).items()}
 
 
 @dataclass(frozen=True, slots=True)
-class EvictedUnderPressure:
-    """The ``inner`` rule's hits as a ceiling: under KV pressure vLLM may have evicted any of them."""
+class EagleDropsLastBlock(_Adjusted):
+    """One block fewer wherever there is one (never below 0)."""
 
-    inner: CacheRule = field(default=SHARED)
+    name: str = ("vLLM with an EAGLE proposer recomputes the last matched block "
+                 "(vllm/v1/core/single_type_kv_cache_manager.py, find_longest_cache_hit, drop_eagle_block)")
+
+    def adjust(self, expected: CachedExpectation) -> CachedExpectation:
+        block = expected.page_size
+        values = None if expected.values is None else tuple(sorted({max(0, v - block) for v in expected.values}))
+        return replace(expected, lo=max(0, expected.lo - block), hi=max(0, expected.hi - block), values=values)
+
+
+@dataclass(frozen=True, slots=True)
+class EvictedUnderPressure(_Adjusted):
+    """The hits as a ceiling: under KV pressure vLLM may have evicted any of them (any tier's share left free)."""
+
     name: str = ("vLLM under KV pressure evicts least recently used cached blocks "
                  "(vllm/v1/core/kv_cache_utils.py, FreeKVCacheBlockQueue): at most the paged rule's hit")
 
-    def expected(self, workload: Workload, traits: Traits, name: str,
-                 passes: Mapping[str, PassResult]) -> dict[str, CachedExpectation]:
-        """rid → from 0 to the inner rule's ceiling, any tier's share left free."""
-        return {rid: replace(e, lo=0, values=None, host=None, storage=None, basis=f"{self.name}; {e.basis}")
-                for rid, e in self.inner.expected(workload, traits, name, passes).items()}
+    def adjust(self, expected: CachedExpectation) -> CachedExpectation:
+        return replace(expected, lo=0, values=None, host=None, storage=None)
