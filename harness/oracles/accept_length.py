@@ -3,14 +3,15 @@ the workload's measured band and the engine's own counters; each request drafted
 
 Accept length is "tokens emitted per verification step, bonus token included"
 (``reference_impl.spec.verify.outputs_accept_stats``). An engine that counts per pass only (vLLM's spec_decode
-counters, a server's) is judged on each pass's mean, 1 + accepted / drafts, and, where its n-gram rule is known,
-on its counters against that rule replayed over the pass's own tokens.
+counters, a server's) is judged on each pass's mean, 1 + accepted / drafts, and, where its proposer's rule is known
+(n-gram lookup, a draft model the reference runs), on its counters against that rule replayed over the pass's own
+tokens.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fixtures.spec_expect import drafted_trace, ngram_trace
+from fixtures.spec_expect import drafted_trace, replay_trace
 from harness.oracles.view import Oracle, PassView, first_divergence, verdict
 from harness.results.rows import Verdict
 from reference_impl.request import RequestOutput
@@ -26,8 +27,9 @@ ACCEPT_TOLERANCE = 0.10
 FAILS_WHEN = (
     "spec cells only: a pass's mean accept length drops against the golden levels with the same proposer or from "
     "cold to warm, leaves the band measured for its workload, exceeds k + 1, disagrees with the engine's own "
-    "counters, a request drafted other than its proposer must, or a pass's counters differ from the engine's n-gram "
-    "rule replayed over its tokens (checks: relative, band, trace, recount, drafted, replay)"
+    "counters, a request drafted other than its proposer must, or a pass's counters differ from the engine's "
+    "proposer (n-gram lookup, a draft model the reference runs) replayed over its tokens (checks: relative, band, "
+    "trace, recount, drafted, replay)"
 )
 
 def _mean_or_one(outputs: Sequence[RequestOutput]) -> float:
@@ -119,7 +121,7 @@ def _trace_findings(view: PassView) -> list[dict]:
         if want is None or out.finish_reason != "length" or out.preemptions or not prompts.get(out.rid):
             continue  # a preempted request's recompute emits a token from prefill: the step grid restarts
         if spec.method == "ngram":
-            trace = ngram_trace(prompts[out.rid], out.tokens, spec.k, want)
+            trace = replay_trace(prompts[out.rid], out.tokens, spec.k, want)
             accepted, drafted = trace.accepted, trace.drafted
         else:
             accepted, drafted = list(out.accepted), drafted_trace(out.accepted, spec.k, want)
@@ -138,38 +140,44 @@ def pass_accept_length(counters: dict[str, int] | None) -> float:
     return 1.0 + counters["accepted_tokens"] / drafts if drafts else 1.0
 
 
-def _replay_findings(view: PassView) -> list[dict]:
-    """A pass-counted n-gram proposer whose rule is known (``SpecTraits.lookup``): the pass's counters against that
-    rule replayed over each request's prompt and tokens (``fixtures.spec_expect.ngram_trace``), summed over the pass.
+def _replay_findings(view: PassView) -> list[dict] | None:
+    """A pass-counted proposer whose rule is known (``SpecTraits.replay``: prompt lookup, or a draft model the
+    reference runs): the pass's counters against that rule replayed over each request's prompt and tokens
+    (``fixtures.spec_expect.replay_trace``), summed over the pass.
 
     Drafts (verify steps with a draft) and draft tokens are exact: each step's draft is a function of the tokens
     before it. Accepted tokens are exact but for a request whose last step's draft matched every token left in its
     output: a rule not ``within_request`` (vLLM's) verified the rest of that draft against tokens past the output's
-    end, which the output does not show, so the count may exceed the replay by up to those draft tokens.
+    end, which the output does not show, so the count may exceed the replay by up to those draft tokens. A pass with
+    a request whose replay rests on a model's draft token chosen at a near-tie (the cell's tie tolerance) is not
+    judged: which of the two the engine drafted is not known. None: the pass was not replayed.
     """
-    rule, counters = view.traits.spec.lookup, view.got.counters
+    rule, counters = view.traits.spec.replay, view.got.counters
     requested, prompts = view.requested, view.prompts
     if counters.get("preemptions", 0):
-        return []  # a preempted request is recomputed and drafts anew from there: its steps are not the replay's
-    if rule is None or view.traits.pd or any(
+        return None  # a preempted request is recomputed and drafts anew from there: its steps are not the replay's
+    if rule is None or any(
             o.finish_reason != "length" or not prompts.get(o.rid) or o.rid not in requested for o in view.outputs):
-        return []  # the counters are the pass's: one request the replay cannot follow leaves none to compare
-    traces = [ngram_trace(prompts[o.rid], o.tokens, view.traits.spec.k, requested[o.rid], rule) for o in view.outputs]
+        return None  # the counters are the pass's: one request the replay cannot follow leaves none to compare
+    traces = [replay_trace(prompts[o.rid], o.tokens, view.traits.spec.k, requested[o.rid], rule, view.tie())
+              for o in view.outputs]
+    if any(t.unsure is not None for t in traces):
+        return None
     accepted = sum(sum(t.accepted) for t in traces)
     books = {
         "drafts": (sum(d > 0 for t in traces for d in t.drafted),) * 2,
         "draft_tokens": (sum(sum(t.drafted) for t in traces),) * 2,
         "accepted_tokens": (accepted, accepted + sum(t.unseen for t in traces)),
     }
-    return [{**view.where(), "check": "replay", "against": f"prompt lookup replay ({rule.name})", "what": what,
+    return [{**view.where(), "check": "replay", "against": f"replay of {rule.name}", "what": what,
              "expected": lo if lo == hi else f"{lo}..{hi}", "got": counters.get(what, 0)}
             for what, (lo, hi) in books.items() if not lo <= counters.get(what, 0) <= hi]
 
 
-def _counted_findings(view: PassView, cold: dict[str, dict[str, int] | None]) -> list[dict]:
+def _counted_findings(view: PassView, cold: dict[str, dict[str, int] | None]) -> tuple[list[dict], bool]:
     """A pass-counted engine: the pass's mean accept length against golden-with-this-spec and warm against cold
-    (no drop past the tolerance, never above k + 1); the self-draft level exactly k + 1; the measured band; an n-gram
-    proposer's counters against the replay of its rule."""
+    (no drop past the tolerance, never above k + 1); the self-draft level exactly k + 1; the measured band; a
+    proposer's counters against the replay of its rule. Also whether the pass was replayed."""
     got, most = pass_accept_length(view.got.counters), view.traits.spec.max_accept_length
     references = [("golden", pass_accept_length(view.references["spec_golden"].counters))]
     if view.name == "warm" and cold.get(view.workload) is not None:
@@ -186,17 +194,22 @@ def _counted_findings(view: PassView, cold: dict[str, dict[str, int] | None]) ->
                       "against": "k + 1 (self-draft)" if exact is not None else "measured band",
                       "expected": f"{band[0]}..{band[1]}", "got": round(got, 4), "max": most,
                       "counters": dict(view.got.counters)})
-    return found + _replay_findings(view)
+    replayed = _replay_findings(view)
+    return found + (replayed or []), replayed is not None
 
 
 def _judge_counted(armed: Sequence[PassView]) -> Verdict:
     cold_counters = {v.workload: v.got.counters for v in armed if v.name == "cold"}
-    findings = [f for view in armed for f in _counted_findings(view, cold_counters)]
+    judged = [_counted_findings(view, cold_counters) for view in armed]
+    findings = [f for found, _ in judged for f in found]
+    replayed = sum(was for _, was in judged)
     if not any(v.got.counters.get("drafts", 0) for v in armed):  # the proposer was never exercised
         findings.append({"workload": "every workload", "pass": "every pass", "check": "drafted",
                          "against": f"spec = {armed[0].traits.spec.method}", "expected": "> 0 drafts", "got": 0})
     means = [pass_accept_length(v.got.counters) for v in armed]
-    return verdict("accept_length", findings, f"mean accept length {min(means):.3f}..{max(means):.3f} as expected",
+    replays = f"; {replayed} of {len(armed)} passes replayed" if armed[0].traits.spec.replay is not None else ""
+    return verdict("accept_length", findings,
+                   f"mean accept length {min(means):.3f}..{max(means):.3f} as expected{replays}",
                    lambda f: f"{len(f)} finding(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['check']} vs "
                              f"{f[0]['against']}: {f[0].get('what') or 'mean accept length'} {f[0]['got']} "
                              f"(expected {f[0]['expected']})", armed)

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from fixtures.spec_expect import LookupRule
+from fixtures.spec_expect import Proposer
 from fixtures.workloads import CachedExpectation, Workload
 from harness.sut.levels import EngineLevels
 from reference_impl.request import RequestOutput, RequestSpec
@@ -31,7 +31,7 @@ class SpecTraits:
     method: str = "none"        # the spec level ("none": no speculative decoding)
     k: int = 0                  # draft tokens per verify step
     pass_counted: bool = False  # speculative counters per pass only (drafts, accepted), not per request
-    lookup: LookupRule | None = None  # an n-gram proposer's rule where the engine's is known: its counters replayed
+    replay: Proposer | None = None  # the rule the proposer drafts by, where known: its counters replayed
 
     @property
     def max_accept_length(self) -> int:

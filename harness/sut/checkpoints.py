@@ -3,9 +3,9 @@
 ``dense`` is the reference's own dense model at head_dim 32 (``reference_impl.config:DENSE32``) exported as
 a LlamaForCausalLM with the same function, so a cross-engine oracle can judge vLLM's tokens against the
 reference's; ``draft`` is that model cut to one layer, for
-spec = draft. The others are seeded random weights in formats vLLM loads: ``hybrid`` (an
-attention + Mamba2 GraniteMoeHybrid) and ``eagle`` (an EAGLE-1 head for ``dense``, vLLM's
-EagleLlamaForCausalLM).
+spec = draft; ``eagle`` is an EAGLE-1 head for ``dense`` (vLLM's EagleLlamaForCausalLM) made of
+the dense model's own layers, so that what it drafts is known. ``hybrid`` is seeded random weights
+in a format vLLM loads (an attention + Mamba2 GraniteMoeHybrid).
 
 A checkpoint lands in ``$KVMATRIX_CHECKPOINTS`` (default ``~/.cache/kvmatrix/checkpoints``) under
 ``<name>-<hash>``, the hash covering its config and recipe, so a change to either builds a new
@@ -163,23 +163,6 @@ def _randn(gen: torch.Generator, *shape: int, gain: float = 1.0) -> torch.Tensor
     return torch.randn(shape, generator=gen) * gain / math.sqrt(shape[-1])
 
 
-def _llama_layer(gen: torch.Generator, prefix: str, cfg: ModelConfig, *, input_norm: bool = True) -> dict[str, torch.Tensor]:
-    h, q, kv = cfg.hidden, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    out = {
-        prefix + "self_attn.q_proj.weight": _randn(gen, q, h),
-        prefix + "self_attn.k_proj.weight": _randn(gen, kv, h),
-        prefix + "self_attn.v_proj.weight": _randn(gen, kv, h),
-        prefix + "self_attn.o_proj.weight": _randn(gen, h, q),
-        prefix + "mlp.gate_proj.weight": _randn(gen, cfg.ffn, h),
-        prefix + "mlp.up_proj.weight": _randn(gen, cfg.ffn, h),
-        prefix + "mlp.down_proj.weight": _randn(gen, h, cfg.ffn),
-        prefix + "post_attention_layernorm.weight": torch.ones(h),
-    }
-    if input_norm:
-        out[prefix + "input_layernorm.weight"] = torch.ones(h)
-    return out
-
-
 #: decoder layers of the dense model that the draft keeps
 DRAFT_LAYERS = 1
 
@@ -203,34 +186,52 @@ def draft_recipe() -> Recipe:
     return Recipe("draft", llama_config(draft_config()), draft_tensors, source=f"{SERVED_DENSE!r} layers={DRAFT_LAYERS}")
 
 
-#: the EAGLE head: one decoder layer of the dense shape, its own seed.
-EAGLE = replace(SERVED_DENSE, name="eagle", layer_types=("attention",), seed=5678)
+#: the EAGLE head: a layer that adds nothing, then the dense model's decoder layers.
+EAGLE = replace(SERVED_DENSE, name="eagle", layer_types=("attention",) * (1 + len(SERVED_DENSE.layer_types)))
 
 
-def eagle_tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """A seeded random EAGLE-1 head in vLLM's EagleLlamaForCausalLM layout.
+def eagle_tensors(cfg: ModelConfig = SERVED_DENSE) -> dict[str, torch.Tensor]:
+    """An EAGLE-1 head in vLLM's EagleLlamaForCausalLM layout that is the target ``cfg`` reading one token behind.
 
-    ``fc`` maps [token embedding, target hidden state] to the hidden size; its one layer has no
-    input norm (vLLM replaces layer 0's with the identity) and the head has no final norm. It
-    carries no embedding and no LM head: vLLM then shares the target's, as EAGLE-1 heads do.
+    vLLM feeds the head, at position j, token j + 1's embedding and the target's hidden state at j through ``fc``,
+    runs its layers (layer 0 without input norm) and applies the LM head to their residual with no final norm
+    (``vllm/model_executor/models/llama_eagle.py``). Here ``fc`` passes the embedding and drops the hidden state;
+    layer 0 is zero, so layer 1 normalizes the embedding as the target's layer 0 does; layers 1.. are the target's;
+    the target's final norm weight is all ones, so the shared LM head's logits are the target's times a positive
+    number. The head's greedy token is thus the target's next token over the context without its first token: it
+    drafts well, what it drafts is replayed exactly (``fixtures.spec_expect.ModelRule``, skip 1), and it carries the
+    context in its own KV cache, so a head whose draft state is lost or stale drafts other tokens. It has no
+    embedding and no LM head: vLLM shares the target's, as EAGLE-1 heads do.
     """
-    gen = torch.Generator().manual_seed(cfg.seed)
-    return {"fc.weight": _randn(gen, cfg.hidden, 2 * cfg.hidden)} | _llama_layer(gen, "layers.0.", cfg, input_norm=False)
+    dense, h = dense_tensors(cfg), cfg.hidden
+    if not torch.equal(dense["model.norm.weight"], torch.ones(h)):
+        raise ValueError(f"EAGLE head for {cfg.name!r}: its final norm is not all ones, so the head's un-normed logits "
+                         "would not rank tokens as the target's do")
+    out = {"fc.weight": torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)}
+    for name, t in dense.items():
+        if name.startswith("model.layers.0."):  # layer 0: the shapes of the target's, every weight zero
+            out[name.replace("model.layers.0.", "layers.0.")] = (torch.ones_like(t) if name.endswith("layernorm.weight")
+                                                                 else torch.zeros_like(t))
+        if name.startswith("model.layers."):
+            index, rest = name.removeprefix("model.layers.").split(".", 1)
+            out[f"layers.{int(index) + 1}.{rest}"] = t
+    out.pop("layers.0.input_layernorm.weight")  # vLLM replaces layer 0's input norm with the identity
+    return out
 
 
 def eagle_recipe() -> Recipe:
-    return Recipe("eagle", llama_config(EAGLE, architecture="EagleLlamaForCausalLM"), lambda: eagle_tensors(EAGLE),
-                  source=repr(EAGLE))
+    return Recipe("eagle", llama_config(EAGLE, architecture="EagleLlamaForCausalLM"), eagle_tensors,
+                  source=f"{SERVED_DENSE!r} behind a zero layer")
 
 
 def sglang_eagle_recipe() -> Recipe:
     """The same EAGLE head in SGLang's layout: its class is LlamaForCausalLMEagle, and its ``fc`` has a bias
     (zeros here, so it computes what vLLM's does; left out, SGLang would keep a random init)."""
     def tensors() -> dict[str, torch.Tensor]:
-        return {**eagle_tensors(EAGLE), "fc.bias": torch.zeros(EAGLE.hidden)}
+        return {**eagle_tensors(), "fc.bias": torch.zeros(EAGLE.hidden)}
 
     return Recipe("sglang_eagle", llama_config(EAGLE, architecture="LlamaForCausalLMEagle"), tensors,
-                  source=repr(EAGLE) + " + zero fc.bias")
+                  source=f"{SERVED_DENSE!r} behind a zero layer + zero fc.bias")
 
 
 # -- hybrid: attention + Mamba2 -------------------------------------------------------------------

@@ -8,7 +8,7 @@ than the single repeated token a purely random network tends to emit.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -207,6 +207,31 @@ class TinyLM(nn.Module):
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor, *, deterministic: bool = False) -> torch.Tensor:
         return linear_for(deterministic)(hidden, self.lm_head)
+
+    @torch.no_grad()
+    def sequence_logits(self, tokens: Sequence[int], *, layers: int | None = None) -> torch.Tensor:
+        """Logits (T, vocab) of one sequence through its first ``layers`` decoder layers (all by default), the final
+        norm and the LM head: the served function with plain causal attention, no pools, no batch and no engine, so
+        that what a proposer running this model must draft is known apart from any engine's mechanism."""
+        cfg, blocks = self.cfg, list(zip(self.blocks, self.mlps))[:layers]
+        if any(not isinstance(block.mixer, Attention) for block, _ in blocks):
+            raise ValueError(f"sequence_logits: model {cfg.name!r} has Mamba2 layers; only attention layers run unpaged")
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.embed.device)
+        positions = torch.arange(len(ids), device=ids.device)
+        causal = torch.ones(len(ids), len(ids), dtype=torch.bool, device=ids.device).tril()
+        x = self.embed[ids]
+        for block, mlp in blocks:
+            attn, h = block.mixer, rms_norm(x, block.norm1, cfg.rms_eps)
+            q = apply_rope(fast_linear(h, attn.wq).view(-1, cfg.num_heads, cfg.head_dim), positions, cfg.rope_theta)
+            k = apply_rope(fast_linear(h, attn.wk).view(-1, cfg.num_kv_heads, cfg.head_dim), positions, cfg.rope_theta)
+            v = fast_linear(h, attn.wv).view(-1, cfg.num_kv_heads, cfg.head_dim)
+            group = cfg.num_heads // cfg.num_kv_heads  # query head h reads KV head h // group
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(cfg.head_dim)
+            out = torch.einsum("hqk,khd->qhd", scores.masked_fill(~causal, float("-inf")).softmax(-1), v)
+            x = x + fast_linear(out.reshape(len(ids), -1), attn.wo)
+            x = x + mlp(rms_norm(x, block.norm2, cfg.rms_eps), fast_linear)
+        return self.logits(rms_norm(x, self.final_norm, cfg.rms_eps))
 
 
 def linear_for(deterministic: bool) -> Linear:

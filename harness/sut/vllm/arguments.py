@@ -8,7 +8,7 @@ page_size               ``block_size``
 prefill_budget          ``max_num_batched_tokens`` (chunked prefill is always on in vLLM V1)
 max_num_seqs            ``max_num_seqs``
 spec, num_draft_tokens  ``speculative_config``: ngram (prompt lookup 2..4), draft (the dense model cut
-                        to one layer), eagle (a seeded EAGLE-1 head), self (the target's own weights as
+                        to one layer), eagle (an EAGLE-1 head: the dense model one token behind), self (the target's own weights as
                         its draft: every draft token is accepted, accept length exactly k + 1)
 scheduler               ``scheduling_policy`` (the workload's priorities are always passed)
 async_scheduling        ``async_scheduling``
@@ -28,10 +28,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from fixtures.spec_expect import LookupRule
+from fixtures.spec_expect import LookupRule, ModelRule, Proposer
 from fixtures.workloads import Workload
 from harness.sut.base import Applied
-from harness.sut.checkpoints import MAX_POSITIONS, checkpoint_dir
+from harness.sut.checkpoints import DRAFT_LAYERS, MAX_POSITIONS, SERVED_DENSE, checkpoint_dir
 from harness.sut.vllm.connectors import tier_config
 
 #: the ngram level's prompt lookup, suffix n-grams of 2 to 4 tokens, as vLLM 0.32.0 drafts it.
@@ -45,21 +45,42 @@ VLLM_LOOKUP = LookupRule("vLLM's rule", min_n=2, max_n=4, earliest=True, within_
                          max_model_len=MAX_POSITIONS)
 
 
-def lookup_rule(arguments: Mapping[str, object]) -> LookupRule | None:
-    """The prompt-lookup rule a cell's ``vllm.LLM`` arguments make vLLM draft by; None where its drafts are not a
-    function of each request's tokens alone: no ngram proposer, or a token budget a step of whole drafts can exceed.
+#: the proposers whose drafts the reference replays, by spec level: (what drafts, the reference model, its first
+#: ``layers`` layers (None: all), the context tokens it skips). vLLM's draft_model proposer runs its draft greedily over
+#: the whole context (``v1/spec_decode/draft_model.py``); its EAGLE proposer feeds the head token j + 1 at position j
+#: (``v1/spec_decode/eagle.py``, ``propose``), and the head made here is the dense model behind a zero layer
+#: (``harness.sut.checkpoints.eagle_tensors``): the dense model over the context less its first token.
+MODEL_DRAFTS = {
+    "draft": ("the draft (the dense model's first layer)", SERVED_DENSE, DRAFT_LAYERS, 0),
+    "eagle": ("the EAGLE head (the dense model one token behind)", SERVED_DENSE, None, 1),
+    "self": ("the self-draft (the dense model itself)", SERVED_DENSE, None, 0),
+}
+
+
+def replay_rule(levels: Mapping[str, object], arguments: Mapping[str, object]) -> Proposer | None:
+    """The rule a cell's proposer drafts by, for accept_length to replay over each request's tokens; None where its
+    drafts are not a function of each request's tokens alone, or not one the reference runs: no proposer, a token
+    budget a step of whole drafts can exceed, a self-draft of a model other than the dense one.
 
     ``Scheduler.schedule`` serves the running requests in turn from ``max_num_batched_tokens`` and cuts a request's
     draft to the tokens left to it (``num_scheduled_spec_tokens``), so only ``max_num_seqs`` × (1 + k) within the
-    budget leaves every draft whole.
+    budget leaves every draft whole. Model proposers draft as n-gram lookup does, k tokens bounded by
+    ``max_model_len`` alone.
     """
     spec = arguments.get("speculative_config") or {}
-    if spec.get("method") != "ngram":
+    if not spec or int(arguments["max_num_seqs"]) * (1 + int(spec["num_speculative_tokens"])) > int(
+            arguments["max_num_batched_tokens"]):
         return None
-    if int(arguments["max_num_seqs"]) * (1 + int(spec["num_speculative_tokens"])) > int(arguments["max_num_batched_tokens"]):
+    max_model_len = int(arguments.get("max_model_len", MAX_POSITIONS))
+    if spec["method"] == "ngram":
+        return replace(VLLM_LOOKUP, min_n=int(spec["prompt_lookup_min"]), max_n=int(spec["prompt_lookup_max"]),
+                       max_model_len=max_model_len)
+    level = str(levels["spec"])
+    if level not in MODEL_DRAFTS or (level == "self" and levels["model"] != "dense"):
         return None
-    return replace(VLLM_LOOKUP, min_n=int(spec["prompt_lookup_min"]), max_n=int(spec["prompt_lookup_max"]),
-                   max_model_len=int(arguments.get("max_model_len", MAX_POSITIONS)))
+    what, model, layers, skip = MODEL_DRAFTS[level]
+    return ModelRule(f"vLLM's {spec['method']} proposer running {what}", model, layers, skip, within_request=False,
+                     max_model_len=max_model_len)
 
 
 def speculative_config(levels: Mapping[str, object]) -> dict | None:

@@ -53,3 +53,20 @@ def test_prompt_dependence_of_next_token(make_engine) -> None:
     specs = [RequestSpec(f"r{i}", (i, 17, i + 50, 3), max_new_tokens=1) for i in range(12)]
     outs = make_engine("system_prompt").generate(specs)
     assert len({o.tokens[0] for o in outs}) > 3
+
+
+@pytest.mark.parametrize("model", ["dense", "reference_impl.config:DENSE32"])
+def test_sequence_logits_is_the_served_function_unpaged(make_engine, model: str) -> None:
+    """The unpaged forward that judges a proposer's drafts: its greedy argmax at every step of a served request is
+    the engine's token, and its logprobs are the engine's; cut to one layer it is another function."""
+    wl = load_workload("system_prompt")
+    engine = make_engine(wl, model=model)
+    outs = engine.generate(wl.requests)
+    lm = engine.runner.model
+    for spec, out in zip(wl.requests, outs):
+        logits = lm.sequence_logits([*spec.prompt, *out.tokens])[len(spec.prompt) - 1 : -1]
+        assert logits.argmax(-1).tolist() == list(out.tokens)
+        torch.testing.assert_close(logits.log_softmax(-1).max(-1).values, torch.tensor(out.logprobs), atol=1e-4, rtol=0)
+    spec, out = wl.requests[0], outs[0]
+    cut = lm.sequence_logits([*spec.prompt, *out.tokens], layers=1)[len(spec.prompt) - 1 : -1]
+    assert cut.argmax(-1).tolist() != list(out.tokens)

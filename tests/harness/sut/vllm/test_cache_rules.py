@@ -1,11 +1,17 @@
 """vLLM's own cache rules: one block fewer with EAGLE, a ceiling only under KV pressure."""
 from __future__ import annotations
 
+import pytest
+
 from fixtures.workloads import CachedExpectation, load_workload
+from harness.oracles import oracles
 from harness.sut.rules import SHARED
 from harness.sut.vllm import LEVELS
 from harness.sut.vllm.cache_rules import EagleDropsLastBlock, EvictedUnderPressure
 from harness.sut.vllm.engine import vllm_traits
+from tests.harness.oracles.test_oracles import output, view
+
+ORACLES = oracles()
 
 
 def test_an_eagle_cell_expects_one_block_fewer_than_the_paged_rule() -> None:
@@ -55,3 +61,27 @@ def test_a_storage_cell_with_eagle_keeps_the_tiers_rule_and_a_pressed_cold_pass_
     workload = load_workload("repeated_phrases")
     cold = traits.cache.rule.expected(workload, traits, "cold", {})
     assert all(cold[r.rid].hi >= example_tier_hit(len(r.prompt), 64) for r in workload.requests)
+
+
+@pytest.mark.parametrize(("levels", "held"), [
+    ({"cache": "device", "spec": "eagle", "page_size": 32}, "the rule's hit"),
+    ({"cache": "device", "kv_capacity": "tight", "page_size": 32}, "nothing"),
+])
+def test_cached_tokens_holds_a_vllm_cell_to_its_rule_and_fails_a_hit_above_it(levels: dict, held: str) -> None:
+    """The cached_tokens oracle under each vLLM rule: a warm pass that hits what the rule allows passes (with EAGLE
+    one block under the paged rule; under pressure anything down to nothing), and one that hits a block more than
+    the rule allows (the paged hit with EAGLE, a block past the ceiling under pressure) fails, naming the rule."""
+    traits, workload = vllm_traits(LEVELS.full(levels)), load_workload("system_prompt")
+    allowed = traits.cache.rule.expected(workload, traits, "warm", {})
+    paged = SHARED.expected(workload, traits, "warm", {})
+
+    def judged(cached: dict[str, int]):
+        outputs = [output(r.rid, [1] * r.max_new_tokens, cached=cached[r.rid]) for r in workload.requests]
+        return ORACLES["cached_tokens"]([view(outputs, expected_cached=allowed, page_size=32)])
+
+    fits = {rid: e.hi if held == "the rule's hit" else 0 for rid, e in allowed.items()}
+    assert judged(fits).status == "pass"
+    above = {rid: e.hi + (32 if held == "nothing" else 0) for rid, e in paged.items()}
+    verdict = judged(above)
+    assert verdict.status == "fail", verdict.message
+    assert {f["request"] for f in verdict.detail} and all(traits.cache.rule.name in f["rule"] for f in verdict.detail)

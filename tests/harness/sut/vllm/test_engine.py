@@ -23,7 +23,7 @@ from harness.run.golden import GoldenRuns
 from harness.run.cell import run_cell
 from harness.sut.vllm import protocol, vllm_python
 from harness.run.session import check_runnable
-from harness.sut.checkpoints import MAX_POSITIONS, checkpoint_dir
+from harness.sut.checkpoints import DRAFT_LAYERS, MAX_POSITIONS, SERVED_DENSE, checkpoint_dir
 from harness.sut.vllm.protocol import EngineChildError, request_output
 from harness.sut.vllm.arguments import VLLM_LOOKUP, engine_arguments
 from harness.sut.vllm.engine import vllm_traits
@@ -126,19 +126,28 @@ def test_levels_map_to_engine_arguments() -> None:
     assert "speculative_config" not in engine_arguments(VLLM.full({}), {})
 
 
-def test_an_ngram_cell_carries_vllms_lookup_rule_where_its_drafts_are_whole() -> None:
-    """What accept_length replays: the rule the speculative config asks for, bounded by the cell's model length, and
-    none where the token budget can cut a step's drafts (8 requests × (1 + 3) tokens > 16)."""
+def test_a_spec_cell_carries_the_rule_its_proposer_drafts_by_where_its_drafts_are_whole() -> None:
+    """What accept_length replays: the ngram rule the speculative config asks for, bounded by the cell's model length;
+    the reference model a draft proposer runs (the draft's one layer, the EAGLE head one token behind, the dense
+    self-draft); none where the token budget can cut a step's drafts (8 requests × (1 + 3) tokens > 16) or the
+    reference does not run the draft."""
     def rule(levels: dict, engine_args: dict | None = None):
         full = VLLM.full(levels)
-        return vllm_traits(full, engine_arguments(full, engine_args or {})).spec.lookup
+        return vllm_traits(full, engine_arguments(full, engine_args or {})).spec.replay
 
     assert rule({"spec": "ngram"}) == VLLM_LOOKUP and (VLLM_LOOKUP.min_n, VLLM_LOOKUP.max_n) == (2, 4)
     assert VLLM_LOOKUP.max_model_len == MAX_POSITIONS
     assert rule({"spec": "ngram"}, {"max_model_len": 512}).max_model_len == 512
     assert rule({"spec": "ngram", "prefill_budget": 16}) is None
     assert rule({"spec": "ngram", "prefill_budget": 16, "max_num_seqs": 4}) is not None
-    assert rule({"spec": "self"}) is None and vllm_traits(VLLM.full({"spec": "ngram"})).spec.lookup is None
+    assert vllm_traits(VLLM.full({"spec": "ngram"})).spec.replay is None
+    draft, eagle, self_draft = rule({"spec": "draft"}), rule({"spec": "eagle"}), rule({"spec": "self"})
+    assert (draft.model, draft.layers, draft.skip) == (SERVED_DENSE, DRAFT_LAYERS, 0)
+    assert (eagle.model, eagle.layers, eagle.skip) == (SERVED_DENSE, None, 1)
+    assert (self_draft.model, self_draft.layers, self_draft.skip) == (SERVED_DENSE, None, 0)
+    assert not draft.within_request and draft.max_model_len == MAX_POSITIONS
+    assert rule({"spec": "self", "model": "hybrid"}) is None and rule({"spec": "draft", "prefill_budget": 16}) is None
+    assert rule({"spec": "draft", "model": "hybrid"}) == draft  # the draft is the dense model's layer whatever it serves
 
 
 def test_an_answer_becomes_the_oracles_output() -> None:
