@@ -207,8 +207,8 @@ ROOT = Path(__file__).resolve().parents[3]
 #: matrices whose declarations predate issue #29's re-triage, left out of the check below. vllm.toml's entries now
 #: name their class, upstream status and the version they were seen on, and all but two their signature: the hybrid
 #: model's token divergences (speculation, fp8 KV) are told from ties by a top-2 margin of 0.2 and more, a bound that
-#: a signature (finding field = value) cannot state yet. vllm_server and vllm_smoke are not re-triaged yet.
-RETRIAGE_PENDING = ("vllm", "vllm_server", "vllm_smoke")
+#: a signature (finding field = value) cannot state yet. vllm_server is not re-triaged yet.
+RETRIAGE_PENDING = ("vllm", "vllm_server")
 MATRICES = sorted(p for p in (ROOT / "matrices").glob("*.toml") if p.stem not in RETRIAGE_PENDING)
 
 
