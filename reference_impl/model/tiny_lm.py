@@ -215,7 +215,7 @@ class TinyLM(nn.Module):
         that what a proposer running this model must draft is known apart from any engine's mechanism."""
         cfg, blocks = self.cfg, list(zip(self.blocks, self.mlps))[:layers]
         if any(not isinstance(block.mixer, Attention) for block, _ in blocks):
-            raise ValueError(f"sequence_logits: model {cfg.name!r} has Mamba2 layers; only attention layers run unpaged")
+            raise ValueError(f"sequence_logits: model {cfg.name!r} has Mamba2 layers; only attention runs unpaged")
         ids = torch.tensor(list(tokens), dtype=torch.long, device=self.embed.device)
         positions = torch.arange(len(ids), device=ids.device)
         causal = torch.ones(len(ids), len(ids), dtype=torch.bool, device=ids.device).tril()

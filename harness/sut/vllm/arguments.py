@@ -8,8 +8,9 @@ page_size               ``block_size``
 prefill_budget          ``max_num_batched_tokens`` (chunked prefill is always on in vLLM V1)
 max_num_seqs            ``max_num_seqs``
 spec, num_draft_tokens  ``speculative_config``: ngram (prompt lookup 2..4), draft (the dense model cut
-                        to one layer), eagle (an EAGLE-1 head: the dense model one token behind), self (the target's own weights as
-                        its draft: every draft token is accepted, accept length exactly k + 1)
+                        to one layer), eagle (an EAGLE-1 head: the dense model one token behind), self (the
+                        target's own weights as its draft: every draft token is accepted, accept length
+                        exactly k + 1)
 scheduler               ``scheduling_policy`` (the workload's priorities are always passed)
 async_scheduling        ``async_scheduling``
 kv_cache_dtype          ``kv_cache_dtype`` (auto, fp8)
