@@ -81,15 +81,22 @@ def recorded(name: str) -> tuple[dict, object]:
     return record, vllm_traits(full, engine_arguments(full, {})).spec.replay
 
 
-def recorded_view(record: dict, rule, name: str, counters: dict[str, int], **changes):
-    """Pass ``name`` of a recording, its counters replaced by ``counters``, golden-with-this-proposer counting the
-    same (a bug in both runs)."""
-    workload = load_workload(record["workload"])
-    outputs = [output(rid, tokens) for rid, tokens in record["passes"][name]["outputs"].items()]
-    return view(outputs, spec=record["levels"]["spec"], pass_counted=True, replay=rule, name=name,
-                max_accept_length=record["k"] + 1, prompts={r.rid: r.prompt for r in workload.requests},
+def served_view(workload_name: str, tokens: dict[str, list[int]], counters: dict[str, int], spec: str, k: int, rule,
+                name: str = "cold", **changes):
+    """One pass-counted pass of a workload as an engine served it (each request's ``tokens``, the pass's
+    ``counters``), golden-with-this-proposer counting the same (a bug in both runs): what accept_length judges."""
+    workload = load_workload(workload_name)
+    outputs = [output(rid, toks) for rid, toks in tokens.items()]
+    return view(outputs, spec=spec, pass_counted=True, replay=rule, name=name, max_accept_length=k + 1,
+                prompts={r.rid: r.prompt for r in workload.requests},
                 requested={r.rid: r.max_new_tokens for r in workload.requests},
                 spec_reference=copy.deepcopy(outputs), spec_reference_counters=counters, counters=counters, **changes)
+
+
+def recorded_view(record: dict, rule, name: str, counters: dict[str, int], **changes):
+    """Pass ``name`` of a recording, its counters replaced by ``counters``."""
+    return served_view(record["workload"], record["passes"][name]["outputs"], counters, record["levels"]["spec"],
+                       record["k"], rule, name, **changes)
 
 
 @pytest.mark.parametrize(("name", "passes"), [("ngram_pass.json", ["cold"]), ("eagle_passes.json", ["cold", "warm"]),

@@ -1,8 +1,9 @@
 """Run with vLLM's interpreter by test_draft_state.py: the harness's child (``harness/sut/vllm/child.py``) serves one
 workload three times on one engine with prefix caching, and before the third pass the draft's KV cache is overwritten
 with seeded noise ten times the spread of its own keys and values (garbage, as slots nobody restored may hold), the
-target's left whole: a stale draft state, what a tier
-that restores the target's KV and not the draft's leaves in the draft's slots (SGLang #30393's shape). Reads ``{"engine_args", "requests"}`` on stdin, prints the three answers as JSON."""
+target's left whole: a stale draft state, what a tier that restores the target's KV and not the draft's leaves in the
+draft's slots (SGLang #30393's shape). Reads ``{"engine_args", "serve"}`` on stdin, prints the three answers as
+JSON."""
 from __future__ import annotations
 
 import json
@@ -39,7 +40,7 @@ def main() -> int:
     msg = json.loads(sys.stdin.read())
     engine = child.Child()
     engine.start({"engine_args": msg["engine_args"]})
-    serve = {"requests": msg["requests"], "top_logprobs": 1}
+    serve = msg["serve"]  # harness.sut.vllm.protocol.serve_message
     cold, warm = engine.serve(serve), engine.serve(serve)
     staled = engine.llm.collective_rpc(stale_draft_kv)
     print(json.dumps({"cold": cold, "warm": warm, "stale_layers": staled, "stale": engine.serve(serve)}))

@@ -15,20 +15,18 @@ from harness.oracles import oracles
 from harness.sut.vllm import LEVELS as VLLM, vllm_python
 from harness.sut.vllm.arguments import engine_arguments
 from harness.sut.vllm.engine import vllm_traits
+from harness.sut.vllm.protocol import serve_message
 from tests.binaries import required_path
-from tests.harness.oracles.test_oracles import output, view
+from tests.harness.oracles.test_accept_length import served_view
 
 PROGRAM = Path(__file__).with_name("draft_state.py")
 ORACLES = oracles()
 
 
-def judged(answer: dict, workload, rule, k: int):
-    """accept_length's verdict on one served pass (golden-with-this-proposer counting the same: the replay alone)."""
-    outputs = [output(o["rid"], o["tokens"]) for o in answer["outputs"]]
-    return ORACLES["accept_length"]([view(
-        outputs, spec="eagle", pass_counted=True, replay=rule, name="cold", max_accept_length=k + 1,
-        prompts={r.rid: r.prompt for r in workload.requests}, requested={r.rid: r.max_new_tokens for r in workload.requests},
-        spec_reference=outputs, spec_reference_counters=answer["spec"], counters=answer["spec"])])
+def judged(answer: dict, rule):
+    """accept_length's verdict on one served pass of long_prompts (golden counting the same: the replay alone)."""
+    tokens = {o["rid"]: o["tokens"] for o in answer["outputs"]}
+    return ORACLES["accept_length"]([served_view("long_prompts", tokens, answer["spec"], "eagle", 3, rule)])
 
 
 @pytest.mark.vllm
@@ -38,22 +36,22 @@ def test_a_lost_draft_state_fails_the_replay_while_every_token_stays_right() -> 
     python = required_path(vllm_python(), "vllm-env")
     levels = VLLM.full({"spec": "eagle", "cache": "device", "num_draft_tokens": 3})
     arguments = engine_arguments(levels, {})
-    rule, workload = vllm_traits(levels, arguments).spec.replay, load_workload("long_prompts")
-    requests = [{"rid": r.rid, "prompt": list(r.prompt), "max_new_tokens": r.max_new_tokens} for r in workload.requests]
+    rule = vllm_traits(levels, arguments).spec.replay
+    serve = serve_message(load_workload("long_prompts").requests)
     run = subprocess.run([str(python), "-I", str(PROGRAM)], input=json.dumps({"engine_args": arguments,
-                         "requests": requests}), capture_output=True, text=True, timeout=600)
+                         "serve": serve}), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     answers = json.loads(run.stdout.strip().splitlines()[-1])
     assert answers["stale_layers"] == [5]  # the head's zero layer and the dense model's four
 
     for name in ("cold", "warm"):
-        verdict = judged(answers[name], workload, rule, 3)
+        verdict = judged(answers[name], rule)
         assert verdict.status == "pass" and "1 of 1 passes replayed" in verdict.message, (name, verdict.message)
     assert sum(o["num_cached_tokens"] for o in answers["warm"]["outputs"]) > 0  # the warm pass drafted over hits
 
     stale = answers["stale"]
     assert [o["tokens"] for o in stale["outputs"]] == [o["tokens"] for o in answers["warm"]["outputs"]]
-    verdict = judged(stale, workload, rule, 3)
+    verdict = judged(stale, rule)
     assert verdict.status == "fail", verdict.message
     found = {f["what"]: f for f in verdict.detail if f["check"] == "replay"}
     assert len(found) == len(verdict.detail) and "accepted_tokens" in found, verdict.detail  # the replay alone
