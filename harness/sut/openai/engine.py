@@ -20,7 +20,6 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -37,9 +36,9 @@ from reference_impl.request import RequestOutput, RequestSpec
 #: the top logprobs asked per step: the top-2 margin tells a tie from a divergence.
 TOP_LOGPROBS = 2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-#: what a healthy server of each wire format is read back for: its cache rule and the settings it applied (a format
-#: not here keeps the shared paged-cache rule and reads nothing back)
-READ_BACK = {"llamacpp": llamacpp.applied}
+#: how a healthy server of each wire format is read back: the cell's traits as it applied them (its cache rule, the
+#: settings it reports, its proposer's rule); a format not here keeps the shared paged-cache rule and reads nothing back
+READ_BACK = {"llamacpp": llamacpp.read_traits}
 
 
 def server_traits(server: Mapping, levels: Mapping[str, object]) -> Traits:
@@ -107,9 +106,8 @@ class ServerEngine:
         """The cache rule the server's cells are judged by and the settings it applied, as it reports them."""
         read = READ_BACK.get(self.server["api"])
         if read is not None:
-            traits = server_traits(self.server, self.levels)
-            rule, applied = read(self.process, self.launch, traits.cache.enabled, self.request_timeout_s)
-            self.traits = replace(traits, cache=replace(traits.cache, rule=rule), applied=applied)
+            self.traits = read(self.process, self.launch, server_traits(self.server, self.levels),
+                               self.request_timeout_s)
 
     def session(self, workload: Workload) -> ServerSession:
         return ServerSession(self)

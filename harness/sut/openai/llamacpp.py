@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -239,9 +239,8 @@ def server_log(path: Path) -> str:
     return path.read_text(errors="replace") if path.is_file() else ""
 
 
-def applied(process: ServerProcess, launch: Launch, cache_on: bool,
-            timeout_s: float) -> tuple[LlamaCppSlots, tuple[Applied, ...]]:
-    """Read a healthy llama-server back: its rule and what it applied (``read_back``)."""
+def read_traits(process: ServerProcess, launch: Launch, traits: Traits, timeout_s: float) -> Traits:
+    """``traits`` as a healthy llama-server applies them: its cache rule and the settings read back (``read_back``)."""
     props = process.call("/props", None, timeout_s, "to GET /props")
     try:
         slots = process.call("/slots", None, timeout_s, "to GET /slots")
@@ -249,5 +248,6 @@ def applied(process: ServerProcess, launch: Launch, cache_on: bool,
         slots = None
     if not isinstance(props, dict) or not (slots is None or isinstance(slots, list)):
         raise ServerError(f"malformed response to GET /props or /slots: {str(props)[:120]}")
-    return read_back(props, slots, server_log(process.log_path), asked(launch.argv, launch.env, launch.request),
-                     cache_on)
+    rule, applied = read_back(props, slots, server_log(process.log_path), asked(launch.argv, launch.env, launch.request),
+                              traits.cache.enabled)
+    return replace(traits, cache=replace(traits.cache, rule=rule), applied=applied)
