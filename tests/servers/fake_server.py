@@ -6,7 +6,10 @@ runs agree with its cells); MODE makes it misbehave: ``ok``; ``exit`` (exits bef
 ``hang:N`` (never answers its N-th completion); ``not_json``; ``drop:FIELD`` (a response without FIELD, a
 dotted path); ``child`` (forks a worker that must die with it, as a real server's engine process); ``slow:S``
 (forks such a worker and answers every completion after S seconds); ``late:S`` (answers its first completion
-after S seconds).
+after S seconds); ``stuck_reset`` (its cache reset answers ``{"success": false}``, as vLLM's while blocks are held).
+A ``--role=prefill`` or ``--role=decode`` argument makes it one side of a PD pair: the prefill side answers
+``kv_transfer_params`` naming the prompt it computed (``stale_handoff``: the one before it), the decode side
+computes its tokens from the prompt the parameters name, as a decode engine reads the KV it was handed.
 """
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT, MODE, PIDS = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+ROLE = next((arg.partition("=")[2] for arg in sys.argv if arg.startswith("--role=")), None)
 completions = 0
+prefilled: list[list[int]] = []  # the prompts the prefill side computed, in order
 
 
 def record_pid() -> None:
@@ -35,18 +40,24 @@ def tokens_for(prompt: list[int], n: int) -> list[int]:
 
 
 def completion(body: dict) -> dict:
-    tokens = tokens_for(body["prompt"], body["max_tokens"])
+    prompt = body["prompt"]
+    if ROLE == "decode":  # the KV it reads is the prompt the handoff names
+        prompt = body["kv_transfer_params"]["prompt"]
+    tokens = tokens_for(prompt, body["max_tokens"])
     doc = {"choices": [{"index": 0, "text": "", "finish_reason": "length", "logprobs": {
         "tokens": [f"token_id:{t}" for t in tokens], "token_logprobs": [-0.5] * len(tokens),
         "top_logprobs": [{f"token_id:{t}": -0.5, f"token_id:{t + 1}": -2.0} for t in tokens]}}],
         "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(tokens),
                   "prompt_tokens_details": {"cached_tokens": 0}}}
+    if ROLE == "prefill" and body.get("kv_transfer_params", {}).get("do_remote_decode"):
+        prefilled.append(prompt)
+        doc["kv_transfer_params"] = {"prompt": prefilled[-2 if MODE == "stale_handoff" and len(prefilled) > 1 else -1]}
     if MODE.startswith("drop:"):
         *parents, last = MODE.partition(":")[2].split(".")
         holder = doc
         for part in parents:
             holder = holder[int(part)] if part.isdigit() else holder[part]
-        del holder[last]
+        holder.pop(last, None)
     return doc
 
 
@@ -73,7 +84,7 @@ class Handler(BaseHTTPRequestHandler):
         global completions
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
         if self.path == "/reset":
-            self.answer(200, b"{}")
+            self.answer(200, json.dumps({"success": MODE != "stuck_reset"}).encode())
             return
         completions += 1
         n = int(MODE.partition(":")[2]) if MODE.startswith(("die:", "hang:")) else 0

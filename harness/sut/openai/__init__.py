@@ -19,6 +19,7 @@ CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "spec": ("none", "ngram", "draft", "eagle", "self", "mtp"),
     "dtype": ("float32", "bfloat16", "float16"),
     "deterministic": ("off", "on"),
+    "pd": ("off", "nixl", "mooncake"),
 })
 COUNTS = ("page_size", "num_draft_tokens")
 _FACTOR_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -37,7 +38,7 @@ LEVELS = EngineLevels(
     name="openai",
     defaults=MappingProxyType({
         "model": "dense", "cache": "off", "page_size": 1, "spec": "none", "num_draft_tokens": 3,
-        "dtype": "float32", "deterministic": "off",
+        "dtype": "float32", "deterministic": "off", "pd": "off",
     }),
     kept_from_cell=frozenset({"model", "num_draft_tokens"}),
     factors=None,  # any: a matrix file names the server's own

@@ -88,10 +88,12 @@ PROGRAMS = ("vllm_python", "sglang_python", "llama_server", "root")
 
 
 class Launch:
-    """A cell's launch rendered: argv, environment and request fields, from its levels and port."""
+    """A cell's launch rendered: argv, environment and request fields, from its levels and port; ``role`` (prefill or
+    decode) adds that side's part of its ``pd`` level (``[server.pd.levels]``)."""
 
-    def __init__(self, server: Mapping, levels: Mapping[str, object], port: int) -> None:
-        values: dict[str, object] = {"host": HOST, "port": port, **levels}
+    def __init__(self, server: Mapping, levels: Mapping[str, object], port: int, role: str | None = None) -> None:
+        self.levels = levels
+        values: dict[str, object] = {"host": HOST, "port": port, "side_port": free_port(), **levels}
         cache: dict[str, str] = {}
 
         def render(text: str, level: object = None) -> str:
@@ -101,6 +103,8 @@ class Launch:
 
         entries = [(server["levels"][factor][str(level)], level) for factor, level in levels.items()
                    if factor in server["levels"]]
+        if role is not None:
+            entries.append((server["pd"]["levels"][str(levels["pd"])][role], levels["pd"]))
         self.argv = [render(part) for part in server["command"]]
         self.env = {name: render(text) for name, text in server["env"].items()}
         self.request = dict(server["request"])

@@ -14,7 +14,22 @@ request (``request``), once for every level (``{level}`` in the strings) or leve
     off = { request = { cache_prompt = false } }
     device = { request = { cache_prompt = true } }
 
-Strings may name ``{host}``, ``{port}``, any factor's level (``{num_draft_tokens}``) and the artefacts made
+A ``pd`` factor's levels other than ``off`` run two servers, a prefill one and a decode one, each launched with
+the command plus its role's additions, and hand every request from one to the other as vLLM's toy proxy does: the
+prefill server gets the request with ``[server.pd] request`` over it (one token, "keep the KV for a remote
+decode"), and the decode server the request with the prefill answer's ``handoff`` field added::
+
+    [server.pd]
+    handoff = "kv_transfer_params"
+    request = { max_tokens = 1, kv_transfer_params = { do_remote_decode = true, do_remote_prefill = false } }
+    [server.pd.levels.nixl]
+    prefill = { flags = ['--kv-transfer-config={{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}}'] }
+    decode = { flags = ['--kv-transfer-config={{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}}'] }
+
+``read_back`` names how a healthy server is read back (``harness.sut.openai.engine.READ_BACK``: what it applied and
+the rules its cells are judged by); the api's own where there is one (llama.cpp's), else nothing is read back.
+
+Strings may name ``{host}``, ``{port}``, ``{side_port}`` (a second free port per server), any factor's level (``{num_draft_tokens}``) and the artefacts made
 here (``PLACEHOLDERS``). Every key is checked when the file loads; the table then travels to the cell as a
 plain, JSON-able value (the matrix's engine arguments).
 """
@@ -47,10 +62,16 @@ PLACEHOLDERS = ("checkpoint", "gguf", "draft_checkpoint", "draft_gguf", "eagle_c
 #: the placeholders that stand for the cell's ``model`` level (its checkpoint, its GGUF).
 MODEL_PLACEHOLDERS = ("checkpoint", "gguf")
 #: placeholders every cell has.
-CELL_PLACEHOLDERS = ("host", "port")
+CELL_PLACEHOLDERS = ("host", "port", "side_port")
+#: how a server may be read back after it starts (harness.sut.openai.engine.READ_BACK), and the api whose own it is.
+READ_BACKS = {"llamacpp": "llamacpp", "vllm": None}
+#: the factor whose levels other than ``off`` run a prefill server and a decode server (``[server.pd]``).
+PD_FACTOR = "pd"
+PD_ROLES = ("prefill", "decode")
+PD_KEYS = ("handoff", "request", "levels")
 LEVEL_KEYS = ("flags", "env", "request")
 SERVER_KEYS = ("name", "api", "command", "env", "health", "endpoint", "metrics", "reset", "request", "model_name",
-               "priority", "cached_tokens", "counters", "levels", "start_timeout_s", "request_timeout_s")
+               "priority", "cached_tokens", "counters", "levels", "pd", "read_back", "start_timeout_s", "request_timeout_s")
 
 
 def parse_tables(levels: EngineLevels, doc: Mapping[str, object], factors: Mapping[str, tuple[object, ...]],
@@ -115,8 +136,12 @@ def parse_server(table: object, factors: Mapping[str, Sequence[object]], default
         "start_timeout_s": _seconds(f"{where} start_timeout_s", table.get("start_timeout_s", 300)),
         "request_timeout_s": _seconds(f"{where} request_timeout_s", table.get("request_timeout_s", cell_timeout_s)),
         "levels": _levels(table.get("levels", {}), factors, names),
+        "pd": _pd(table.get("pd"), factors, names),
+        "read_back": _read_back(table.get("read_back"), api),
     }
     used = {name for text in _all_strings(server) for name in placeholders(text)}
+    if server["pd"] is not None:
+        used.add(PD_FACTOR)
     if used & set(MODEL_PLACEHOLDERS):
         used.add("model")
     for factor in factors:
@@ -224,6 +249,57 @@ def _levels(table: object, factors: Mapping[str, Sequence[object]], names: Seque
             raise TableError(key, f"no entry for level(s) {', '.join(missing)} (an empty one is {{}})")
         out[factor] = {name: _level_entry(f"{key} {name}", entry[name], names, True) for name in by_name}
     return out
+
+
+def _read_back(value: object, api: str) -> str | None:
+    """How the server is read back: as named, else its api's own (llama.cpp's), else None."""
+    if value is None:
+        return next((name for name, own in READ_BACKS.items() if own == api), None)
+    name = _string("[server] read_back", value)
+    if name not in READ_BACKS:
+        raise TableError("[server] read_back", f"unknown read-back {name!r} (known: {', '.join(READ_BACKS)})")
+    return name
+
+
+def _pd(table: object, factors: Mapping[str, Sequence[object]], names: Sequence[str]) -> dict | None:
+    """``[server.pd]``: the handoff field, the prefill request's fields, and each ``pd`` level's two launches; None
+    without it (then a ``pd`` factor has nothing to run and is refused)."""
+    levels = [str(level) for level in factors.get(PD_FACTOR, ())]
+    if table is None:
+        if any(level != "off" for level in levels):
+            raise TableError(f"[factors] {PD_FACTOR}", "levels other than off run a prefill and a decode server: "
+                             "say how in [server.pd] (handoff, request, levels)")
+        return None
+    key = "[server.pd]"
+    if not isinstance(table, dict):
+        raise TableError(key, f"expected a table of {', '.join(PD_KEYS)}, got {type(table).__name__}")
+    for name in table:
+        if name not in PD_KEYS:
+            raise TableError(f"{key} {name}", f"unknown key (known: {', '.join(PD_KEYS)})")
+    for name in PD_KEYS:
+        if name not in table:
+            raise TableError(f"{key} {name}", "missing required key")
+    if not levels:
+        raise TableError(key, f"no [factors] {PD_FACTOR}: name its levels (off and those [server.pd.levels] runs)")
+    launches = table["levels"]
+    if not isinstance(launches, dict):
+        raise TableError(f"{key} levels", f"expected a table of pd levels, got {type(launches).__name__}")
+    out = {}
+    for level in levels:
+        if level == "off":
+            continue
+        entry = launches.get(level)
+        where = f"[server.pd.levels.{level}]"
+        if not isinstance(entry, dict) or set(entry) != set(PD_ROLES):
+            raise TableError(where, f"missing or not a table of exactly {' and '.join(PD_ROLES)} (each a table of "
+                             f"{', '.join(LEVEL_KEYS)})")
+        out[level] = {role: _level_entry(f"{where} {role}", entry[role], names, False) for role in PD_ROLES}
+    for level in launches:
+        if level not in out:
+            raise TableError(f"[server.pd.levels.{level}]", f"not a level of [factors] {PD_FACTOR} other than off "
+                             f"({', '.join(levels)})")
+    return {"handoff": _string(f"{key} handoff", table["handoff"]),
+            "request": _request(f"{key} request", table["request"]), "levels": out}
 
 
 def _level_entry(key: str, entry: object, names: Sequence[str], level: bool) -> dict:

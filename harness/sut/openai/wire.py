@@ -197,12 +197,13 @@ def pass_counters(counters: dict[str, int], outputs: Sequence[RequestOutput]) ->
     return {**rest, "drafts": steps, "accepted_tokens": sum(len(o.tokens) for o in outputs) - steps}
 
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-def metric_sums(text: str) -> dict[str, float]:
-    """A Prometheus text exposition's samples, summed over label sets by metric name."""
-    sums: dict[str, float] = {}
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """A Prometheus text exposition's samples: (name, labels, value), comments skipped."""
+    out = []
     for line in text.splitlines():
         match = _SAMPLE.match(line)
         if match is None or line.startswith("#"):
@@ -211,6 +212,13 @@ def metric_sums(text: str) -> dict[str, float]:
             value = float(match.group(3))
         except ValueError:
             raise ServerError(f"malformed metrics: {line[:120]!r} has no number") from None
-        sums[match.group(1)] = sums.get(match.group(1), 0.0) + value
-    return sums
+        out.append((match.group(1), dict(_LABEL.findall(match.group(2) or "")), value))
+    return out
 
+
+def metric_sums(text: str) -> dict[str, float]:
+    """A Prometheus text exposition's samples, summed over label sets by metric name."""
+    sums: dict[str, float] = {}
+    for name, _, value in samples(text):
+        sums[name] = sums.get(name, 0.0) + value
+    return sums

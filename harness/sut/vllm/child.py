@@ -36,10 +36,6 @@ import time
 import traceback
 from typing import Any, TextIO
 
-# In-process engine core: a second process would double start time and memory on a small CPU box,
-# and its failures would surface here as a dead pipe instead of a traceback. Set before vllm loads.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
 #: engine arguments the protocol depends on: token-id prompts (no tokenizer), one in-process worker,
 #: and stat logging, without which LLM.get_metrics() asserts and the speculative counters are lost.
 FORCED_ARGS = {"skip_tokenizer_init": True, "distributed_executor_backend": "uni", "disable_log_stats": False}
@@ -312,6 +308,10 @@ def protocol_stream() -> TextIO:
 
 
 def main() -> int:
+    # In-process engine core: a second process would double start time and memory on a small CPU box,
+    # and its failures would surface here as a dead pipe instead of a traceback. Set before vllm loads
+    # (``Child.start`` imports it), here rather than at import: the harness imports this file's metric tables.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     answers = protocol_stream()
     child = Child()
     for line in sys.stdin:

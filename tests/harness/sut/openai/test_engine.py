@@ -154,6 +154,68 @@ def test_ctrl_c_mid_pass_leaves_no_server(tmp_path: Path) -> None:
     assert alive(tmp_path) == []
 
 
+PD = """
+[server.pd]
+handoff = "kv_transfer_params"
+request = { max_tokens = 1, kv_transfer_params = { do_remote_decode = true } }
+
+[server.pd.levels.nixl]
+prefill = { flags = ["--role=prefill"] }
+decode = { flags = ["--role=decode"] }
+"""
+
+
+def run_pd(tmp_path: Path, mode: str) -> object:
+    """The ``pd = nixl`` cell of a matrix whose golden is one plain server: a prefill and a decode stand-in."""
+    path = write_matrix(tmp_path, mode, extra=PD)
+    path.write_text(path.read_text().replace("slots = [1]\n", 'slots = [1]\npd = ["off", "nixl"]\n', 1))
+    matrix = load_matrix(str(path))
+    (cell,) = [c for c in generate(matrix) if c.as_dict()["pd"] == "nixl"]
+    return run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+
+
+def test_a_pd_cell_hands_each_request_from_its_prefill_server_to_its_decode_server(tmp_path: Path) -> None:
+    row = run_pd(tmp_path, "ok")
+    assert row.status == "pass", row.error
+    assert row.oracles["tokens"].status == "pass"
+    assert len((tmp_path / "pids").read_text().split()) == 3  # the golden's server, then the pair
+    assert alive(tmp_path) == []
+
+
+def test_a_decode_server_handed_another_requests_parameters_fails_tokens(tmp_path: Path) -> None:
+    """The planted handoff fault: each decode request carries the parameters of the request prefilled before it."""
+    row = run_pd(tmp_path, "stale_handoff")
+    assert row.status == "fail" and row.oracles["tokens"].status == "fail", row.oracles["tokens"].message
+    assert alive(tmp_path) == []
+
+
+def test_a_prefill_answer_without_the_handoff_field_is_an_error_naming_it(tmp_path: Path) -> None:
+    row = run_pd(tmp_path, "drop:kv_transfer_params")
+    assert row.status == "error" and "on the prefill server: no kv_transfer_params object" in row.error, row.error
+    assert alive(tmp_path) == []
+
+
+def test_a_pd_level_without_its_two_launches_is_refused(tmp_path: Path) -> None:
+    path = write_matrix(tmp_path, extra=PD.replace('decode = { flags = ["--role=decode"] }\n', ""))
+    path.write_text(path.read_text().replace("slots = [1]\n", 'slots = [1]\npd = ["off", "nixl"]\n', 1))
+    with pytest.raises(MatrixError, match=r"\[server.pd.levels.nixl\]: missing or not a table of exactly prefill and decode"):
+        load_matrix(str(path))
+
+
+def test_a_cache_reset_that_never_takes_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM answers ``{"success": false}`` while blocks are held: the next workload's cold pass would not be cold."""
+    from harness.sut.openai import engine
+
+    monkeypatch.setattr(engine, "SETTLE_S", 0.5)
+    path = write_matrix(tmp_path, "stuck_reset")
+    path.write_text(path.read_text().replace('workloads = ["pair"]', 'workloads = ["pair", "split_kv"]'))
+    matrix = load_matrix(str(path))
+    (cell,) = generate(matrix)
+    row = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    assert row.status == "error" and "/reset did not empty the cache within 0.5 s" in row.error, row.error
+    assert alive(tmp_path) == []
+
+
 def test_the_launch_renders_levels_placeholders_and_literal_braces(tmp_path: Path) -> None:
     extra = """
 [server.levels.model]
@@ -179,6 +241,9 @@ flags = ['--cfg={{"n": {num_draft_tokens}, "slots": {slots}}}']
     (("[server.levels.slots]\nflags", "[server.levels.slots]\n2 = {{}}\nflags"), "neither a level of slots"),
     (("{extra}", "[server.counters]\ndrafts = \"prom x\"\n"), "neither 'metric NAME'"),
     (("{extra}", "[server.counters]\ndrafts = \"metric x_total\"\n"), "names neither accepted_tokens nor verify_steps"),
+    (("slots = [1]\n", "slots = [1]\npd = [\"off\", \"nixl\"]\n"), "[factors] pd: levels other than off run"),
+    (("{extra}", "[server.pd]\nhandoff = \"h\"\nrequest = {{}}\nlevels = {{}}\n"), "[server.pd]: no [factors] pd"),
+    (('api = "openai"', 'api = "openai"\nread_back = "sglang"'), "unknown read-back 'sglang'"),
 ])
 def test_a_bad_server_table_names_the_file_and_key(tmp_path: Path, edit: tuple[str, str], needle: str) -> None:
     path = write_matrix(tmp_path)
