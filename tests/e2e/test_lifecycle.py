@@ -4,7 +4,8 @@ with every cell exactly once.
 
 A run's processes are found by a marker in their environment (set in the harness's, inherited by its workers, its
 servers, their children and the watchdogs), not by name. The stand-in server (tests/servers/fake_server.py) forks
-a worker of its own and answers slowly, so a signal lands while cells are serving; the same tests run on
+a worker of its own and answers slowly, so a signal lands while cells are serving (alone, and as PD pairs: two
+servers a cell); the same tests run on
 llama.cpp's llama-server where it is built (``make llama-server``; marker ``llamacpp``), and a vLLM child is
 stopped and killed where vLLM is installed (``make vllm-env``; markers ``vllm`` and ``slow``: it starts for minutes).
 """
@@ -97,6 +98,16 @@ def fake_server(tmp_path: Path) -> Server:
                                                   slots_flags='"--slots={level}"', extra=""))
 
 
+def fake_pd_pair(tmp_path: Path) -> Server:
+    """The stand-in's cells alone and as PD pairs (``pd = nixl``: two server groups a cell, both to be stopped)."""
+    server = fake_server(tmp_path)
+    pd = ('\n[server.pd]\nhandoff = "kv_transfer_params"\nrequest = { max_tokens = 1, kv_transfer_params = '
+          '{ do_remote_decode = true } }\n[server.pd.levels.nixl]\nprefill = { flags = ["--role=prefill"] }\n'
+          'decode = { flags = ["--role=decode"] }\n')
+    matrix = server.matrix.replace("slots = [1, 2, 3]\n", 'slots = [1, 2, 3]\npd = ["off", "nixl"]\n', 1)
+    return Server(server.program, matrix.replace("\n[server.levels.slots]", pd + "\n[server.levels.slots]", 1))
+
+
 def llama_server(tmp_path: Path) -> Server:
     binary = required_path(launch.llama_server_path(), "llama-server")
     command = ["{llama_server}", "-m", "{gguf}", "--host", "{host}", "--port", "{port}", "-c", "2048"]
@@ -111,7 +122,7 @@ def vllm_child(tmp_path: Path) -> Server:
 
 
 #: llama-server under make test's --dist loadgroup: one real engine at a time (as tests/test_real_servers.py)
-SERVERS = {"fake": fake_server,
+SERVERS = {"fake": fake_server, "fake-pd": fake_pd_pair,
            "llamacpp": pytest.param(llama_server, marks=[pytest.mark.llamacpp, pytest.mark.xdist_group("vllm")])}
 
 

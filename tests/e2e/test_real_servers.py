@@ -70,8 +70,15 @@ def smoke_rows(tmp_path: Path, matrix: str) -> dict[str, dict]:
 @pytest.mark.slow
 def test_the_vllm_server_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
     needs_vllm()
-    statuses = run_smoke(tmp_path, "vllm_server_smoke")
-    assert len(statuses) == 3 and list(statuses.values()) == ["pass"] * 3, statuses
+    rows = smoke_rows(tmp_path, "vllm_server_smoke")
+    statuses = {cell: row["status"] for cell, row in rows.items()}
+    assert len(statuses) == 4 and list(statuses.values()) == ["pass"] * 4, statuses
+    # the PD cell: every request crossed from the prefill server to the decode server, each side's ledger adding up
+    (pd,) = [row for row in rows.values() if row["factors"]["pd"] == "nixl"]
+    audit = pd["oracles"]["pd_audit"]
+    assert audit["verdict"] == "pass" and int(audit["message"].split()[0]) > 0, audit
+    # and every cell was read back from the server it ran on
+    assert all(row["metrics"]["applied"]["page_size"] == 32 for row in rows.values()), rows
 
 
 @pytest.mark.llamacpp

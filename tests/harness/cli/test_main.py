@@ -144,10 +144,10 @@ def test_list_bound_comes_from_the_allowed_tuples(tmp_path: Path, capsys) -> Non
 
 
 def test_list_certifies_a_one_factor_at_a_time_matrix_as_such(tmp_path: Path, capsys) -> None:
-    """ofat promises the golden cell and each other level alone, not every pair: vllm_server_smoke's 3 cells hold it."""
+    """ofat promises the golden cell and each other level alone, not every pair: vllm_server_smoke's 4 cells hold it."""
     assert main(["list", "--matrix", "vllm_server_smoke"]) == 0
     out = capsys.readouterr().out
-    assert "3 cells (ofat)" in out and "coverage ofat: 3/3" in out and "OK" in out and "t=2" not in out, out
+    assert "4 cells (ofat)" in out and "coverage ofat: 4/4" in out and "OK" in out and "t=2" not in out, out
     path = write_matrix(tmp_path)
     path.write_text(path.read_text().replace('mode = "full"', 'mode = "ofat"').replace("[16]", "[1, 16]") +
                     '[golden]\nscheduler = "fcfs"\npage_size = 16\n')
