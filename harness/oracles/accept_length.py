@@ -179,16 +179,20 @@ def _counted_findings(view: PassView, cold: dict[str, dict[str, int] | None]) ->
     (no drop past the tolerance, never above k + 1); the self-draft level exactly k + 1; the measured band; a
     proposer's counters against the replay of its rule. Also whether the pass was replayed."""
     got, most = pass_accept_length(view.got.counters), view.traits.spec.max_accept_length
+    whole = view.traits.spec.whole_drafts
     references = [("golden", pass_accept_length(view.references["spec_golden"].counters))]
     if view.name == "warm" and cold.get(view.workload) is not None:
         references.append(("cold", pass_accept_length(cold[view.workload])))
+    if not whole:  # the step budget may cut drafts, by the engine's design: the length is the scheduler's too
+        references = [("k + 1", 0.0)]
     found = []
     for against, want in references:
         if (expected := missed_bound(got, want, most)) is not None:
             found.append({**view.where(), "check": "relative", "against": against, "expected": expected,
                           "got": round(got, 4), "max": most})
-    exact = most if view.traits.spec.method == "self" else None  # the target drafting for itself: all accepted
-    band = (exact, exact) if exact is not None else view.accept_band
+    # the target drafting for itself accepts every draft token: k + 1 where the drafts are whole
+    exact = most if view.traits.spec.method == "self" and whole else None
+    band = (exact, exact) if exact is not None else view.accept_band if whole else None
     if band is not None and not band[0] <= got <= band[1]:
         found.append({**view.where(), "check": "band",
                       "against": "k + 1 (self-draft)" if exact is not None else "measured band",
@@ -208,6 +212,8 @@ def _judge_counted(armed: Sequence[PassView]) -> Verdict:
                          "against": f"spec = {armed[0].traits.spec.method}", "expected": "> 0 drafts", "got": 0})
     means = [pass_accept_length(v.got.counters) for v in armed]
     replays = f"; {replayed} of {len(armed)} passes replayed" if armed[0].traits.spec.replay is not None else ""
+    if not armed[0].traits.spec.whole_drafts:
+        replays += "; the step budget may cut drafts: only k + 1 as a bound"
     return verdict("accept_length", findings,
                    f"mean accept length {min(means):.3f}..{max(means):.3f} as expected{replays}",
                    lambda f: f"{len(f)} finding(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['check']} vs "

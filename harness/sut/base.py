@@ -32,6 +32,8 @@ class SpecTraits:
     k: int = 0                  # draft tokens per verify step
     pass_counted: bool = False  # speculative counters per pass only (drafts, accepted), not per request
     replay: Proposer | None = None  # the rule the proposer drafts by, where known: its counters replayed
+    whole_drafts: bool = True   # every verify step carries the whole draft; False where a step's token budget may cut
+    #                             one (then the accept length is the scheduler's as much as the proposer's)
 
     @property
     def max_accept_length(self) -> int:

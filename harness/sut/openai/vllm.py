@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from harness.sut.base import Traits
 from harness.sut.openai.wire import ServerError, samples
-from harness.sut.vllm.arguments import read_back, replay_rule
+from harness.sut.vllm.arguments import read_back, replay_rule, whole_drafts
 from harness.sut.vllm.child import CONNECTOR_COUNTERS, NIXL_BYTES, connector_counters
 from harness.sut.vllm.engine import applied_traits, cache_rule
 
@@ -86,7 +86,8 @@ def judged_traits(traits: Traits, levels: Mapping[str, object], argv: Sequence[s
     rule = cache_rule({"cache": levels["cache"], "spec": levels["spec"], "kv_capacity": "tight" if pressed else "roomy"})
     judged = applied_traits(traits, read_back(arguments, applied))
     return replace(judged, cache=replace(judged.cache, rule=rule), pressed=pressed,
-                   spec=replace(judged.spec, replay=replay_rule(levels, arguments)))
+                   spec=replace(judged.spec, replay=replay_rule(levels, arguments),
+                                whole_drafts=whole_drafts(arguments)))
 
 
 def read_traits(process: ServerProcess, launch: Launch, traits: Traits, timeout_s: float) -> Traits:

@@ -58,19 +58,24 @@ MODEL_DRAFTS = {
 }
 
 
+def whole_drafts(arguments: Mapping[str, object]) -> bool:
+    """Whether every verify step carries its request's whole draft. ``Scheduler.schedule`` serves the running requests
+    in turn from ``max_num_batched_tokens`` and cuts a request's draft to the tokens left to it
+    (``num_scheduled_spec_tokens``), by design, so only ``max_num_seqs`` × (1 + k) within the budget leaves every draft
+    whole (a request still prefilling was admitted after those decoding, and is served after them)."""
+    spec = arguments.get("speculative_config") or {}
+    return not spec or int(arguments["max_num_seqs"]) * (1 + int(spec["num_speculative_tokens"])) <= int(
+        arguments["max_num_batched_tokens"])
+
+
 def replay_rule(levels: Mapping[str, object], arguments: Mapping[str, object]) -> Proposer | None:
     """The rule a cell's proposer drafts by, for accept_length to replay over each request's tokens; None where its
     drafts are not a function of each request's tokens alone, or not one the reference runs: no proposer, a token
-    budget a step of whole drafts can exceed, a self-draft of a model other than the dense one.
-
-    ``Scheduler.schedule`` serves the running requests in turn from ``max_num_batched_tokens`` and cuts a request's
-    draft to the tokens left to it (``num_scheduled_spec_tokens``), so only ``max_num_seqs`` × (1 + k) within the
-    budget leaves every draft whole. Model proposers draft as n-gram lookup does, k tokens bounded by
-    ``max_model_len`` alone.
+    budget that may cut a draft (``whole_drafts``), a self-draft of a model other than the dense one. Model
+    proposers draft as n-gram lookup does, k tokens bounded by ``max_model_len`` alone.
     """
     spec = arguments.get("speculative_config") or {}
-    if not spec or int(arguments["max_num_seqs"]) * (1 + int(spec["num_speculative_tokens"])) > int(
-            arguments["max_num_batched_tokens"]):
+    if not spec or not whole_drafts(arguments):
         return None
     max_model_len = int(arguments.get("max_model_len", MAX_POSITIONS))
     if spec["method"] == "ngram":

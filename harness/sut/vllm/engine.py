@@ -22,7 +22,7 @@ from fixtures.workloads import Workload
 from harness.sut.base import Applied, CacheRule, CacheTraits, PassResult, SpecTraits, Totals, Traits
 from harness.sut.rules import SHARED
 from harness.sut.vllm import LEVELS
-from harness.sut.vllm.arguments import engine_arguments, read_back, replay_rule, tight_blocks
+from harness.sut.vllm.arguments import engine_arguments, read_back, replay_rule, tight_blocks, whole_drafts
 from harness.sut.vllm.connectors import ExampleConnectorTier, nixl_backoff
 from harness.sut.vllm.cache_rules import EagleDropsLastBlock, EvictedUnderPressure
 from harness.sut.vllm.pd import PdPair, PdSystem
@@ -52,7 +52,8 @@ def vllm_traits(levels: Mapping[str, object], arguments: Mapping[str, object] | 
         dtype=DTYPES[str(levels["dtype"])], model=f"vllm-{levels['model']}",
         hybrid=levels["model"] == "hybrid", deterministic=levels["deterministic"] == "on",
         spec=SpecTraits(method=str(levels["spec"]), k=int(levels["num_draft_tokens"]), pass_counted=True,
-                        replay=replay_rule(levels, arguments) if arguments is not None else None),
+                        replay=replay_rule(levels, arguments) if arguments is not None else None,
+                        whole_drafts=whole_drafts(arguments) if arguments is not None else True),
         # vLLM keeps a Mamba state at every block boundary (mamba_cache_mode "align"): the snapshot grid is the block
         cache=CacheTraits(enabled=cache != "off", page_size=page_size, chunk_size=page_size, state_interval=page_size,
                           tiers=("storage",) if cache == "storage" else (),

