@@ -73,13 +73,17 @@ vllm-env: $(VLLM_STAMP)
 # llama.cpp's llama-server (engine = openai, matrices/llamacpp.toml) has no Debian package: it builds from
 # the llama.cpp that llama-cpp-python's sdist vendors (~12 min on 2 cores, one 15 MB static binary), cached
 # in .build/ under its version so that editing this Makefile does not rebuild it. No UI, no OpenSSL: the
-# harness talks plain HTTP to 127.0.0.1.
+# harness talks plain HTTP to 127.0.0.1. Beside it stays the source of llama.cpp's n-gram proposer,
+# common/ngram-map.cpp, that tests/fixtures/test_spec_expect.py holds the replay to (fetched on its own
+# where a cached binary lacks it).
 LLAMA_CPP_PYTHON := 0.3.36
 LLAMA_DIR := .build/llama.cpp-$(LLAMA_CPP_PYTHON)
 LLAMA_SERVER := $(LLAMA_DIR)/bin/llama-server
 BUILD_JOBS ?= $(shell nproc)
 
-$(LLAMA_SERVER):
+LLAMA_NGRAM_MAP := $(LLAMA_DIR)/ngram-map.cpp
+
+$(LLAMA_SERVER): | $(LLAMA_NGRAM_MAP)
 	mkdir -p $(LLAMA_DIR)
 	$(PYTHON) -m pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_DIR)
 	tar -xzf $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_DIR)
@@ -91,6 +95,14 @@ $(LLAMA_SERVER):
 	cp $(LLAMA_DIR)/cmake/bin/llama-server $(LLAMA_SERVER).tmp
 	mv $(LLAMA_SERVER).tmp $(LLAMA_SERVER)
 	rm -rf $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON) $(LLAMA_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
+
+$(LLAMA_NGRAM_MAP):
+	rm -rf $(LLAMA_DIR)/ngram-src && mkdir -p $(LLAMA_DIR)/ngram-src
+	$(PYTHON) -m pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_DIR)/ngram-src
+	tar -xzf $(LLAMA_DIR)/ngram-src/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_DIR)/ngram-src \
+	  llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/common/ngram-map.cpp
+	cp $(LLAMA_DIR)/ngram-src/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/common/ngram-map.cpp $@
+	rm -rf $(LLAMA_DIR)/ngram-src
 
 llama-server: $(LLAMA_SERVER)
 
