@@ -11,6 +11,12 @@ a request's expectation is exact where every order agrees, else the hits some or
 What was asked is read from the launch (llama-server's own flags and ``LLAMA_ARG_*`` variables, its defaults from
 ``common/common.h`` and ``tools/server/server.cpp``); what it applied from ``GET /props``, ``GET /slots`` and the
 line its start logs (``load_model: initializing, n_slots = …, n_ctx_slot = …, kv_unified = '…'``).
+
+Its proposer's rule, for ``accept_length`` to replay (``spec_rule``): ``ngram-simple`` by ``SimpleNgramRule`` with
+the launch's n and m, ``draft-simple`` with the draft made here by the reference running it (``ModelRule``), over
+each slot's context as ``/props`` reports it. llama-server reports neither n nor m nor the proposer's type
+(``/slots`` says only whether a slot speculates; ``/props``' ``speculative.types`` is a request's default, "none"),
+so those are the launch's.
 """
 from __future__ import annotations
 
@@ -20,8 +26,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fixtures.spec_expect import ModelRule, Proposer, SimpleNgramRule
 from fixtures.workloads import CachedExpectation, Workload
 from harness.sut.base import Applied, PassResult, Traits
+from harness.sut.checkpoints import DRAFT_LAYERS, SERVED_DENSE
 from harness.sut.openai.slots import MAX_STATES, Budget, Request, Sequences, Server, SlotConfig, feasible
 from harness.sut.openai.wire import ServerError
 from harness.sut.rules import disabled
@@ -32,8 +40,11 @@ if TYPE_CHECKING:
 
 #: llama-server's defaults (common/common.h: cache_ram_mib 8192, cache_idle_slots true, slot_prompt_similarity 0.1,
 #: cache_prompt true; n_parallel -1 = auto, which tools/server/server.cpp turns into 4 slots with a unified KV cache)
+#: and the proposers' (common_params_speculative_ngram_map: size_n 12, size_m 48; common_params_speculative_draft:
+#: n_max 3, n_min 0, p_min 0)
 DEFAULTS = {"parallel": -1, "kv_unified": False, "cache_ram": 8192, "idle_slots": True, "similarity": 0.1,
-            "cache_prompt": True, "cache_reuse": 0, "ctx_size": 0}
+            "cache_prompt": True, "cache_reuse": 0, "ctx_size": 0, "ngram_n": 12, "ngram_m": 48, "model": "",
+            "draft_model": "", "draft_n_max": 3, "draft_n_min": 0, "draft_p_min": 0.0}
 #: flags and variables that set each of them: (flags that take a value, flags that turn it on, flags that turn it
 #: off, the variable) as common/arg.cpp spells them
 FLAGS = {
@@ -45,8 +56,21 @@ FLAGS = {
     "cache_prompt": ((), ("--cache-prompt",), ("--no-cache-prompt",), None),
     "cache_reuse": (("--cache-reuse",), (), (), "LLAMA_ARG_CACHE_REUSE"),
     "ctx_size": (("-c", "--ctx-size"), (), (), "LLAMA_ARG_CTX_SIZE"),
+    "ngram_n": (("--spec-ngram-simple-size-n",), (), (), None),
+    "ngram_m": (("--spec-ngram-simple-size-m",), (), (), None),
+    "model": (("-m", "--model"), (), (), "LLAMA_ARG_MODEL"),
+    "draft_model": (("-md", "--model-draft", "--spec-draft-model"), (), (), "LLAMA_ARG_SPEC_DRAFT_MODEL"),
+    "draft_n_max": (("--spec-draft-n-max",), (), (), "LLAMA_ARG_SPEC_DRAFT_N_MAX"),
+    "draft_n_min": (("--spec-draft-n-min",), (), (), "LLAMA_ARG_SPEC_DRAFT_N_MIN"),
+    "draft_p_min": (("--spec-draft-p-min", "--draft-p-min"), (), (), "LLAMA_ARG_SPEC_DRAFT_P_MIN"),
 }
-SPEC_FLAGS = ("--spec-type", "-md", "--model-draft")
+DRAFT_MODEL_FLAGS = FLAGS["draft_model"][0]
+SPEC_FLAGS = ("--spec-type", *DRAFT_MODEL_FLAGS)
+#: synthetic acceptance (benchmarking: drafts accepted at random, common/arg.cpp)
+SYNTH_FLAGS = ("--spec-synth-len", "--spec-synth-rates", "LLAMA_ARG_SPEC_SYNTH_LEN", "LLAMA_ARG_SPEC_SYNTH_RATES")
+#: what a recurrent or hybrid target's memory logs at start (src/llama-memory-recurrent.cpp): there llama.cpp
+#: verifies a partly accepted draft again from a checkpoint, a step no replay models
+_RECURRENT = "llama_memory_recurrent"
 _STARTED = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(\w+)'")
 #: states one pass's checks of the hits a request did not report may visit in all, and each one (past them such a
 #: hit counts as possible: the expectation widens, never narrows)
@@ -70,10 +94,59 @@ def asked(argv: Sequence[str], env: Mapping[str, str], request: Mapping[str, obj
         settings["cache_prompt"] = bool(request["cache_prompt"])
     settings["speculative"] = any(arg in SPEC_FLAGS and (arg != "--spec-type" or argv[i + 1] != "none")
                                   for i, arg in enumerate(argv[:-1]))
+    settings["spec_types"] = _spec_types(argv, env)
+    settings["synthetic"] = any(arg in SYNTH_FLAGS for arg in (*argv, *env))
     return settings
 
 
+def _spec_types(argv: Sequence[str], env: Mapping[str, str]) -> frozenset[str]:
+    """The proposer types asked: every ``--spec-type`` list (they add up, common/arg.cpp), else the variable's; none
+    named beside a draft model, the type its GGUF names (``common_speculative_types_from_gguf``)."""
+    named = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--spec-type"] or (
+        [env["LLAMA_ARG_SPEC_TYPE"]] if "LLAMA_ARG_SPEC_TYPE" in env else [])
+    types = frozenset(t.strip() for text in named for t in text.split(",")) - {"none", ""}
+    drafts = any(arg in DRAFT_MODEL_FLAGS for arg in argv) or "LLAMA_ARG_SPEC_DRAFT_MODEL" in env
+    return types or (frozenset({"the draft GGUF's"}) if drafts else frozenset())
+
+
+def spec_rule(settings: Mapping[str, object], n_ctx: int | None, log: str, k: int) -> Proposer | None:
+    """The rule llama-server's proposer drafts by, for ``accept_length`` to replay over each request's tokens, each
+    draft cut to the slot's context ``n_ctx`` and the request's remaining tokens less one (``get_n_draft_max``):
+
+    - ``ngram-simple`` alone: ``SimpleNgramRule`` with the n and m asked;
+    - ``draft-simple`` alone with the draft made here for the dense model (``gguf_file("draft")``: its first layer):
+      ``common_speculative_impl_draft_simple::draft`` takes the top token of each step's top-10 (greedy) until
+      ``k`` (``--spec-draft-n-max``) or a top probability under ``p_min``, and drops a draft under ``n_min``; at the
+      defaults (0, 0) that is the draft's greedy continuation, ``ModelRule`` as for vLLM's draft.
+
+    None for any other proposer, several at once (each falls back on the next), a draft cut by ``p_min`` or
+    ``n_min`` or of another length than the cell's ``k``, synthetic acceptance, or a recurrent or hybrid target
+    (which verifies a partly accepted draft again from a checkpoint)."""
+    if settings["synthetic"] or _RECURRENT in log:
+        return None
+    if settings["spec_types"] == {"ngram-simple"}:
+        return SimpleNgramRule("llama.cpp's ngram-simple (common/ngram-map.cpp common_ngram_simple_draft, "
+                               "tools/server/server-context.cpp get_n_draft_max; 0c1e570)",
+                               size_n=int(settings["ngram_n"]), size_m=int(settings["ngram_m"]), max_model_len=n_ctx)
+    greedy = (int(settings["draft_n_max"]), int(settings["draft_n_min"]), float(settings["draft_p_min"])) == (k, 0, 0)
+    if settings["spec_types"] == {"draft-simple"} and greedy and _made_here(settings):
+        return ModelRule("llama.cpp's draft-simple running the draft (the dense model's first layer; "
+                         "common/speculative.cpp common_speculative_impl_draft_simple, tools/server/server-context.cpp "
+                         "get_n_draft_max; 0c1e570)", SERVED_DENSE, DRAFT_LAYERS, 0, within_request=True,
+                         max_model_len=n_ctx)
+    return None
+
+
+def _made_here(settings: Mapping[str, object]) -> bool:
+    """Whether the server runs the dense model's GGUF with the draft's (``harness.sut.gguf_export``)."""
+    from harness.sut.gguf_export import gguf_file
+
+    return (settings["model"], settings["draft_model"]) == (str(gguf_file("dense")), str(gguf_file("draft")))
+
+
 def _value(text: str, default: object) -> object:
+    if isinstance(default, str):
+        return text
     if isinstance(default, bool):
         return text.lower() in ("1", "true", "on", "enabled")
     return float(text) if isinstance(default, float) else int(text)
@@ -240,7 +313,8 @@ def server_log(path: Path) -> str:
 
 
 def read_traits(process: ServerProcess, launch: Launch, traits: Traits, timeout_s: float) -> Traits:
-    """``traits`` as a healthy llama-server applies them: its cache rule and the settings read back (``read_back``)."""
+    """``traits`` as a healthy llama-server applies them: its cache rule and the settings read back (``read_back``),
+    its proposer's rule (``spec_rule``)."""
     props = process.call("/props", None, timeout_s, "to GET /props")
     try:
         slots = process.call("/slots", None, timeout_s, "to GET /slots")
@@ -248,6 +322,8 @@ def read_traits(process: ServerProcess, launch: Launch, traits: Traits, timeout_
         slots = None
     if not isinstance(props, dict) or not (slots is None or isinstance(slots, list)):
         raise ServerError(f"malformed response to GET /props or /slots: {str(props)[:120]}")
-    rule, applied = read_back(props, slots, server_log(process.log_path), asked(launch.argv, launch.env, launch.request),
-                              traits.cache.enabled)
-    return replace(traits, cache=replace(traits.cache, rule=rule), applied=applied)
+    log, settings = server_log(process.log_path), asked(launch.argv, launch.env, launch.request)
+    rule, applied = read_back(props, slots, log, settings, traits.cache.enabled)
+    per_slot = int(props.get("default_generation_settings", {}).get("n_ctx", 0)) or None
+    return replace(traits, cache=replace(traits.cache, rule=rule), applied=applied,
+                   spec=replace(traits.spec, replay=spec_rule(settings, per_slot, log, traits.spec.k)))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fixtures.spec_expect import ModelRule
 from fixtures.workloads import Workload
 from harness.matrix.file import load_matrix
 from harness.matrix.model import generate
@@ -17,7 +18,8 @@ from harness.oracles import cached_tokens, logprobs
 from harness.oracles.view import PassView
 from harness.run.plan import plan_cell
 from harness.sut.base import CacheTraits, PassResult, SpecTraits, Traits
-from harness.sut.openai.llamacpp import LlamaCppSlots, asked, read_back, slot_config
+from harness.sut.checkpoints import DRAFT_LAYERS, SERVED_DENSE
+from harness.sut.openai.llamacpp import LlamaCppSlots, asked, read_back, slot_config, spec_rule
 from harness.sut.openai.slots import SlotConfig
 from harness.sut.openai.wire import request_output
 from reference_impl.request import RequestOutput, RequestSpec
@@ -62,6 +64,48 @@ def test_what_the_server_applied_is_read_back_and_a_change_that_defeats_the_cell
         ("slots: asked 2, engine used 1", True), ("kv_unified: asked False, engine used False", False)]
     rule, _ = read_back(props, slots, STARTED, asked(["--cache-reuse", "256"], {}, {}), cache_on=True)
     assert "--cache-reuse 256" in rule.unmodelled
+
+
+NGRAM = ["-c", "8192", "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2",
+         "--spec-ngram-simple-size-m", "4"]
+DRAFT = ["-m", "/c/dense.gguf", "--spec-type", "draft-simple", "-md", "/c/draft.gguf", "--spec-draft-n-max", "3"]
+
+
+@pytest.fixture
+def made_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GGUF exports at the paths ``DRAFT`` names (no export written)."""
+    monkeypatch.setattr("harness.sut.gguf_export.gguf_file", lambda name: Path(f"/c/{name}.gguf"))
+
+
+def test_the_ngram_simple_proposer_is_replayed_with_the_n_and_m_asked_and_the_slots_context() -> None:
+    rule = spec_rule(asked(NGRAM, {}, {}), 2048, STARTED, 4)
+    assert (rule.size_n, rule.size_m, rule.max_model_len, rule.within_request) == (2, 4, 2048, True)
+    assert "common_ngram_simple_draft" in rule.name and "get_n_draft_max" in rule.name
+    # common/common.h's defaults where the launch names neither; the type from the variable
+    rule = spec_rule(asked([], {"LLAMA_ARG_SPEC_TYPE": "ngram-simple"}, {}), None, "", 3)
+    assert (rule.size_n, rule.size_m, rule.max_model_len) == (12, 48, None)
+
+
+def test_the_draft_made_here_is_replayed_greedy_by_its_one_layer(made_here: None) -> None:
+    rule = spec_rule(asked(DRAFT, {}, {}), 2048, STARTED, 3)
+    assert isinstance(rule, ModelRule) and (rule.model, rule.layers, rule.skip) == (SERVED_DENSE, DRAFT_LAYERS, 0)
+    assert (rule.within_request, rule.max_model_len) == (True, 2048) and "draft-simple" in rule.name
+
+
+@pytest.mark.parametrize(("argv", "env", "log", "k"), [
+    ([], {}, "", 3),                                                                 # no proposer
+    (["-md", "/c/draft.gguf"], {}, "", 3),                                           # the type the draft GGUF names
+    (["--spec-type", "ngram-simple,ngram-mod"], {}, "", 3),                          # one falls back on the other
+    (["--spec-type", "ngram-simple", "--spec-type", "ngram-map-k"], {}, "", 3),      # the lists add up
+    (["--spec-type", "ngram-simple", "--spec-synth-len", "2.5"], {}, "", 3),         # synthetic acceptance
+    (["--spec-type", "ngram-simple"], {}, "llama_memory_recurrent: size = 1 MiB", 3),  # a recurrent target
+    ([*DRAFT, "--spec-draft-p-min", "0.5"], {}, "", 3),                              # a draft cut by probability
+    (DRAFT, {"LLAMA_ARG_SPEC_DRAFT_N_MIN": "2"}, "", 3),                             # ... or dropped under n_min
+    (DRAFT, {}, "", 4),                                                              # k other than n_max
+    (["-m", "/c/dense.gguf", "--spec-type", "draft-simple", "-md", "/c/x.gguf"], {}, "", 3),  # a draft not made here
+])
+def test_no_replay_for_a_proposer_whose_drafts_the_tokens_do_not_settle(argv, env, log, k, made_here: None) -> None:
+    assert spec_rule(asked(argv, env, {}), 2048, log, k) is None
 
 
 def system_prompt() -> Workload:
@@ -227,3 +271,38 @@ def test_a_logprob_error_planted_on_a_recorded_sampled_token_fails_the_spec_cell
     got.outputs[1].logprobs[0] -= 0.5  # the token r1 sampled alone
     v = judge()
     assert v.status == "fail" and [(f["request"], f["step"], f["token"]) for f in v.detail] == [("r1", 0, "sampled")]
+
+
+#: passes recorded from llama-server (tests/data/llamacpp/README.md)
+PASSES = ROOT / "tests" / "data" / "llamacpp"
+
+
+@pytest.fixture
+def recorded_ggufs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GGUF exports as a recording names them (``{gguf}``, ``{draft_gguf}``: scripts/record-llamacpp-pass)."""
+    monkeypatch.setattr("harness.sut.gguf_export.gguf_file",
+                        lambda name: Path("{gguf}" if name == "dense" else "{draft_gguf}"))
+
+
+@pytest.mark.parametrize("name", ["ngram_repeated_phrases.json"])
+def test_recorded_llama_server_counters_equal_the_replay_and_a_count_off_it_fails(name: str, recorded_ggufs) -> None:
+    """llama-server's own counters (/metrics) equal its proposer replayed over each recorded pass's tokens; golden
+    counting the same, an accepted token fewer, a draft more or a draft token fewer fails the replay alone."""
+    from tests.harness.oracles.test_accept_length import ORACLES, served_view
+
+    record = json.loads((PASSES / name).read_text())
+    rule = spec_rule(asked(record["argv"], {}, {}), record["n_ctx_slot"], "", record["k"])
+    assert rule is not None
+    for pass_name, served in record["passes"].items():
+        counted = served["counters"]
+
+        def judge(counters: dict[str, int]) -> object:
+            return ORACLES["accept_length"]([served_view(record["workload"], served["outputs"], counters,
+                                                         record["levels"]["spec"], record["k"], rule, pass_name)])
+
+        verdict = judge(counted)
+        assert verdict.status == "pass" and "1 of 1 passes replayed" in verdict.message, verdict.message
+        for what, by in (("accepted_tokens", -1), ("drafts", 1), ("draft_tokens", -1)):
+            verdict = judge({**counted, what: counted[what] + by})
+            assert verdict.status == "fail" and [(f["check"], f["what"]) for f in verdict.detail] == \
+                [("replay", what)], verdict.message
