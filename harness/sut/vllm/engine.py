@@ -81,8 +81,6 @@ class VllmEngine:
         if faults:
             raise ValueError(f"faults are planted in the reference engine; a vllm cell takes none ({', '.join(faults)})")
         self.levels = LEVELS.full(levels)
-        if self.levels["pd"] != "off" and self.levels["kv_capacity"] == "tight":
-            raise ValueError("kv_capacity = tight sizes one engine's KV cache; a PD pair's is not built (pd = off)")
         self.tier = Path(tempfile.mkdtemp(prefix="kvmatrix-tier-")) if self.levels["cache"] == "storage" else None
         self.engine_args = engine_args
         self.arguments = engine_arguments(self.levels, engine_args, self.tier)
@@ -93,6 +91,7 @@ class VllmEngine:
         self.children: dict[bool, ChildProcess] = {}  # alone → its child
         self.blocks: dict[bool, int | None] = {}  # alone → the KV blocks its child was started with (None: roomy)
         self.pair: PdPair | None = None
+        self.pair_blocks: int | None = None  # the KV blocks each engine of the pair was started with (None: roomy)
 
     def child(self, alone: bool, workload: Workload) -> tuple[ChildProcess, float]:
         """The cell's child (``alone``: a second one running one request at a time, with no tier), started on first
@@ -117,14 +116,23 @@ class VllmEngine:
             self.traits = applied_traits(self.traits, read_back(arguments, field(answer, "applied", dict)))
         return child, float(field(answer, "seconds", (int, float)))
 
-    def pd_pair(self) -> tuple[PdPair, float, bool]:
+    def pd_pair(self, workload: Workload) -> tuple[PdPair, float, bool]:
         """The cell's PD pair, started side by side on first use (and the wall seconds that took), else emptied; and
-        whether its caches are empty."""
-        if self.pair is not None:
+        whether its caches are empty. A tight cell sizes both engines' KV caches alike from ``workload``
+        (``tight_blocks``: the prefill side holds a request's blocks until the decode side has read them, the decode
+        side holds it while it decodes); a pair of another size is replaced."""
+        blocks = tight_blocks(workload, self.levels) if self.levels["kv_capacity"] == "tight" else None
+        if self.pair is not None and self.pair_blocks == blocks:
             emptied = self.pair.reset()
             self.empty_tier()
             return self.pair, 0.0, emptied
-        self.pair = PdPair(str(self.levels["pd"]), self.arguments, self.env, nixl_backoff(self.traits.hybrid))
+        if self.pair is not None:
+            self.pair.close()
+            self.pair = None
+            self.empty_tier()
+        arguments = engine_arguments(self.levels, self.engine_args, self.tier, blocks)
+        self.pair = PdPair(str(self.levels["pd"]), arguments, self.env, nixl_backoff(self.traits.hybrid))
+        self.pair_blocks = blocks
         return self.pair, self.pair.start_seconds, True
 
     def empty_tier(self) -> None:
@@ -162,7 +170,7 @@ class VllmSession:
         if tenant_suffix:
             raise ValueError("vLLM cells have no shared store: no second tenant to open")
         if self.engine.traits.pd and not alone:
-            pair, start_seconds, emptied = self.engine.pd_pair()
+            pair, start_seconds, emptied = self.engine.pd_pair(self.workload)
             return PdSystem(pair, self.engine.traits, start_seconds, emptied)
         child, start_seconds = self.engine.child(alone, self.workload)
         return VllmSystem(child, self.engine.traits, start_seconds, tiered=self.engine.tier is not None and not alone)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from harness.sut.base import PassResult, Totals, Traits
 from harness.sut.vllm.connectors import NIXL_ENV, PD_ROLES, PREFILL_PARAMS, PREFILL_TOKENS, SIDE_CHANNEL_PORT_ENV, pd_config
 from harness.sut.vllm.protocol import (
-    SPEC_COUNTERS, ChildProcess, EngineChildError, add_counters, field, request_output, serve_message,
+    SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, EngineChildError, add_counters, field, request_output, serve_message,
 )
 from reference_impl.request import RequestOutput, RequestSpec
 
@@ -142,11 +142,15 @@ class PdSystem:
             self.seconds["requests"] += float(field(decoded, "seconds", (int, float)))
             add_counters(sides["prefill"], prefilled, "")
             add_counters(sides["decode"], decoded, "")
-        # the proposer runs on both sides, but only the decode side decodes: its counters are the pass's
-        spec = {name: sides["decode"].pop(name) for name in SPEC_COUNTERS}
+        # the proposer runs on both sides, but only the decode side decodes: its counters are the pass's; either side
+        # may preempt (and evict) under KV pressure
+        counters = {name: sides["decode"].pop(name) for name in SPEC_COUNTERS}
         for name in SPEC_COUNTERS:
             sides["prefill"].pop(name)
-        return PassResult(outputs=outputs, counters=spec, pd=self._ledger(sides, hits, decode_cold))
+        for name in SCHEDULER_COUNTERS:
+            if name in sides["prefill"] or name in sides["decode"]:
+                counters[name] = sides["prefill"].pop(name, 0) + sides["decode"].pop(name, 0)
+        return PassResult(outputs=outputs, counters=counters, pd=self._ledger(sides, hits, decode_cold))
 
     def _ledger(self, sides: Mapping[str, Mapping[str, int]], hits: Mapping[str, int], decode_cold: bool) -> dict:
         """The pass's ledger: each side's connector counters, the prefill side's hit per request, and what they are

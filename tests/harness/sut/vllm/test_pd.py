@@ -214,3 +214,37 @@ def test_the_decode_side_serves_one_engines_tokens_and_a_crossed_handoff_fails_t
     assert result.metrics["pd"]["transfers"] == 8 and result.metrics["pd"]["failed"] == 0, result.metrics["pd"]
     assert result.metrics["engine_start_seconds"] > 0 and result.metrics["engine_prefill_seconds"] > 0
     assert vllm_children(marker) == [], "a vLLM child outlived its cell"
+
+
+def test_a_tight_pair_sizes_both_engines_from_the_workload_and_is_replaced_for_another_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kv_capacity = tight under PD: both engines get the workload's tight block count (the prefill side holds a
+    request's blocks until the decode side has read them); a workload of another size starts a pair of its size."""
+    from fixtures.workloads import load_workload
+    from harness.sut.vllm import LEVELS, engine
+    from harness.sut.vllm.arguments import tight_blocks
+
+    started: list[dict] = []
+
+    class Pair:
+        start_seconds = 1.0
+
+        def __init__(self, level: str, arguments: dict, env: dict, backoff: int) -> None:
+            started.append(arguments)
+            self.closed = False
+
+        def reset(self) -> bool:
+            return True
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.setattr(engine, "PdPair", Pair)
+    cell = engine.VllmEngine(LEVELS.full({"pd": "nixl", "kv_capacity": "tight"}), frozenset(), "cpu", {})
+    small, large = load_workload("pair"), load_workload("system_prompt")
+    first, _, _ = cell.pd_pair(small)
+    assert cell.pd_pair(small)[1] == 0.0 and len(started) == 1  # the same size: emptied, not restarted
+    cell.pd_pair(large)
+    assert first.closed and [a["num_gpu_blocks_override"] for a in started] == [
+        tight_blocks(small, cell.levels), tight_blocks(large, cell.levels)]
+    assert tight_blocks(small, cell.levels) < tight_blocks(large, cell.levels)
