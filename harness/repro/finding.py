@@ -1,0 +1,135 @@
+"""What a reproducer is of: the cell (a failing, error or xfail row of a run), the check it keeps failing, and the one
+setting it toggles (the located culprit's factor, at its golden level).
+
+The culprit comes from the run's own analysis (``harness.results.locate.analyze``, with ``harness locate``'s extra
+cells where they ran): the factors of the combination located for this cell's failure class come first; then every
+other factor the cell holds off its golden level, in the matrix's order. Each is tried by a run, and the first whose
+golden level makes the check pass is the toggle, so the script's two runs differ in that one setting alone.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.matrix.model import Matrix
+from harness.repro.shrink import Shrunk
+from harness.repro.trial import Check, Outcome
+from harness.results.locate import Combination, analyze
+from harness.results.rows import error_type
+from harness.run.plan import CellPlan
+from reference_impl.faults import FAULTS
+
+#: the statuses a reproducer is written for.
+REPRODUCIBLE = ("fail", "error", "xfail")
+
+
+class ReproError(ValueError):
+    """A report directory, cell or option that ``harness repro`` cannot use, or a failure that does not reproduce;
+    the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Toggle:
+    """The one setting a reproducer flips: ``factor`` from the cell's ``level`` to its ``golden`` level."""
+
+    factor: str
+    level: object
+    golden: object
+
+    def text(self) -> str:
+        return f"{self.factor} {self.level} → {self.golden}"
+
+
+def pick_row(rows: Sequence[Mapping], cell_id: str | None) -> Mapping:
+    """The row of ``cell_id``, else the run's first failing, error or xfail row."""
+    if cell_id is not None:
+        row = next((r for r in rows if r["cell_id"] == cell_id), None)
+        if row is None:
+            raise ReproError(f"--cell {cell_id}: no such cell in the run")
+        if row["status"] not in REPRODUCIBLE:
+            raise ReproError(f"--cell {cell_id}: its status is {row['status']}; a reproducer is written for "
+                             f"{', '.join(REPRODUCIBLE)} cells")
+        return row
+    row = next((r for r in rows if r["status"] in REPRODUCIBLE), None)
+    if row is None:
+        raise ReproError(f"no {', '.join(REPRODUCIBLE)} cell in the run: nothing to reproduce")
+    return row
+
+
+def _declared(row: Mapping) -> tuple[list[str], str | None]:
+    """An xfail row's declared failures and the ``check`` their signature names (None when none names one)."""
+    expected = row.get("expected") or {}
+    checks = [value for decl in expected.get("declarations", []) for value in decl.get("signature", {}).get("check", [])]
+    return list(expected.get("fails", [])), (checks[0] if len(set(checks)) == 1 else None)
+
+
+def pick_check(row: Mapping, oracle: str | None = None) -> Check:
+    """The check a reproducer of ``row`` keeps failing: ``oracle`` where given; an error row's exception type; the
+    oracle of the fault the run planted where it failed; else the row's first failing oracle (an xfail row's first
+    declared failure). Its ``check`` is that of the oracle's first finding that names one."""
+    oracles = row["oracles"]
+    failing = [name for name, v in oracles.items() if v["verdict"] == "fail" or v.get("excused")]
+    declared, declared_check = _declared(row) if row["status"] == "xfail" else ([], None)
+    if oracle is None:
+        if row["status"] == "error" or (not failing and any(d.startswith("error: ") for d in declared)):
+            name = error_type(row.get("error")) or next(d for d in declared if d.startswith("error: "))[7:]
+            return Check("error", name)
+        planted = [FAULTS[f].oracle for f in row.get("faults", []) if f in FAULTS]
+        oracle = next((o for o in planted if o in failing), None) or (failing or [d for d in declared
+                                                                                    if d in oracles] or [None])[0]
+    if oracle is None or oracle not in oracles:
+        raise ReproError(f"cell {row['cell_id']}: no failing oracle {oracle or ''} to reproduce (failing: "
+                         f"{', '.join(failing) or 'none'})")
+    checks = [f["check"] for f in oracles[oracle].get("detail", []) if isinstance(f, dict) and "check" in f]
+    return Check(oracle, checks[0] if checks else declared_check)
+
+
+def located(rows: Sequence[Mapping], probes: Sequence[Mapping], row: Mapping, check: Check) -> Combination | None:
+    """The combination the run's analysis located for ``row``'s failure class, None where it located none."""
+    name = f"error: {check.check}" if check.oracle == "error" else check.oracle
+    for cls in analyze(rows, probes):
+        if cls.name == name:
+            return next((f.combination for f in cls.findings if row["cell_id"] in f.cells), None)
+    return None
+
+
+def toggle_candidates(matrix: Matrix, levels: Mapping[str, object], combination: Combination | None) -> list[Toggle]:
+    """The settings to try toggling, in order: the located combination's factors, then every other factor off its
+    golden level (matrix order). A factor without a golden level says what is compared (the model), never toggled."""
+    golden = matrix.golden
+    first = [factor for factor, _ in combination.levels] if combination is not None else []
+    order = [*first, *(factor for factor, _ in matrix.factors if factor not in first)]
+    return [Toggle(factor, levels[factor], golden[factor]) for factor in order
+            if factor in levels and factor in golden and levels[factor] != golden[factor]]
+
+
+@dataclass(frozen=True, slots=True)
+class Reproducer:
+    """A finding ready to be written: the cell's row and run header, its plan (judged without declared failures), the
+    check and the toggle, the shrunk workload and the two outcomes on it (the failing setting, then toggled)."""
+
+    row: Mapping
+    header: Mapping
+    plan: CellPlan
+    toggle: Toggle
+    toggled_levels: dict[str, object]
+    check: Check
+    shrunk: Shrunk
+    failing: Outcome
+    toggled: Outcome
+    device: str
+    report_dir: Path
+
+    @property
+    def slug(self) -> str:
+        """The finding's folder name: ``reference-completeness-scheduler-priority``."""
+        what = self.check.check if self.check.oracle == "error" else self.check.text()
+        parts = [self.plan.engine, what, self.toggle.factor, str(self.toggle.level)]
+        return re.sub(r"[^A-Za-z0-9]+", "-", "-".join(parts)).strip("-").lower()
+
+    def command(self) -> str:
+        """The ``harness repro`` command that wrote it."""
+        return shlex.join(["python", "-m", "harness", "repro", str(self.report_dir), "--cell", self.row["cell_id"]])

@@ -1,0 +1,65 @@
+"""What a reproducer is of: the cell, the check it keeps (the planted fault's oracle first, an error's type, an xfail's
+declaration) and the settings it tries to toggle (the located combination's factors first)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.matrix.file import load_matrix
+from harness.repro.finding import ReproError, pick_check, pick_row, toggle_candidates
+from harness.repro.trial import Check, Outcome
+from harness.results.locate import Combination
+from harness.results.rows import Verdict
+from reference_impl.faults import PRIORITY_SCHEDULER_DROP
+
+
+def row(cell: str, status: str, oracles: dict, **extra) -> dict:
+    return {"cell_id": cell, "factors": {}, "status": status, "oracles": oracles, **extra}
+
+
+FAIL = {"verdict": "fail", "message": "", "detail": []}
+
+
+def test_pick_row_takes_the_named_cell_or_the_first_failing_one() -> None:
+    rows = [row("/a/", "pass", {}), row("/b/", "xfail", {}), row("/c/", "fail", {})]
+    assert pick_row(rows, None)["cell_id"] == "/b/" and pick_row(rows, "/c/")["cell_id"] == "/c/"
+    with pytest.raises(ReproError, match="status is pass"):
+        pick_row(rows, "/a/")
+    with pytest.raises(ReproError, match="no such cell"):
+        pick_row(rows, "/z/")
+
+
+def test_pick_check_prefers_the_planted_faults_oracle_and_reads_the_check_field() -> None:
+    oracles = {"cached_tokens": FAIL, "completeness": FAIL,
+               "accept_length": {**FAIL, "detail": [{"workload": "w", "check": "relative"}]}}
+    planted = row("/x/", "fail", oracles, faults=[PRIORITY_SCHEDULER_DROP.name])
+    assert pick_check(planted) == Check("completeness")
+    assert pick_check(row("/x/", "fail", oracles)) == Check("cached_tokens")
+    assert pick_check(row("/x/", "fail", oracles), "accept_length") == Check("accept_length", "relative")
+    error = row("/x/", "error", {}, error="Traceback (most recent call last):\nIndexError: tuple index out of range")
+    assert pick_check(error) == Check("error", "IndexError")
+    declared = row("/x/", "xfail", {"accept_length": {"verdict": "pass", "excused": {"3": 2}}},
+                   expected={"fails": ["accept_length"], "declarations": [{"signature": {"check": ["replay"]}}]})
+    assert pick_check(declared) == Check("accept_length", "replay")
+
+
+def test_a_check_fails_on_its_own_findings_only() -> None:
+    outcome = Outcome({"accept_length": Verdict("accept_length", "fail", "", [{"check": "band"}])})
+    assert Check("accept_length").failed(outcome) and Check("accept_length", "band").failed(outcome)
+    assert not Check("accept_length", "relative").failed(outcome)
+    assert Check("error", "KeyError").failed(Outcome(error="Traceback\nKeyError: 'x'"))
+    assert not Check("error", "KeyError").failed(outcome)
+
+
+def test_toggle_candidates_put_the_located_factors_first(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text('[matrix]\nname = "m"\nmode = "full"\nworkloads = ["pair"]\n\n[factors]\n'
+                    'cache = ["off", "device"]\nspec = ["none", "draft"]\npool = ["static", "unified"]\n'
+                    'scheduler = ["fcfs"]\n')
+    matrix = load_matrix(str(path))
+    levels = {"cache": "device", "spec": "draft", "pool": "unified", "scheduler": "fcfs"}
+    assert [t.factor for t in toggle_candidates(matrix, levels, None)] == ["cache", "spec", "pool"]
+    located = Combination((("spec", ("draft",)), ("pool", ("unified",))))
+    toggles = toggle_candidates(matrix, levels, located)
+    assert [t.text() for t in toggles] == ["spec draft → none", "pool unified → static", "cache device → off"]
