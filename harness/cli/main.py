@@ -1,4 +1,5 @@
-"""The command line: list a matrix, run it, check faults on it, list them; report, compare, locate (harness.cli.triage).
+"""The command line: list a matrix, run it, check faults on it, list them; report, compare, locate (harness.cli.triage);
+repro (harness.cli.repro).
 
 Exit 0 pass, 1 fail, 2 bad input; stopped by SIGINT, SIGTERM or SIGHUP: 128 + the signal (130, 143, 129), with one
 line on stderr, after every process the command started is stopped (harness.sut.interrupt)."""
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.cli.progress import RunProgress
+from harness.cli.repro import add_repro_command
 from harness.cli.tables import add_table_commands
 from harness.cli.triage import TriageInputError, add_triage_commands
 from harness.matrix.covering import Covering
@@ -211,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     kill.set_defaults(handler=cmd_kill)
     add_table_commands(sub)
     add_triage_commands(sub)
+    add_repro_command(sub)
     return parser
 
 

@@ -90,19 +90,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1 if comparison.new_failures else 0
 
 
-def cmd_locate(args: argparse.Namespace) -> int:
-    """Run the extra cells that settle each failure class of a report directory; print what fails."""
-    data, bad = _load([args.dir])
+def reopen(data: RunData, path: str, device: str | None) -> MatrixRun:
+    """The run of a report directory opened again from its last header (matrix, strength, faults; the device
+    unless ``device`` says otherwise), to run more cells of it; warns when the matrix file changed since."""
     if not data.runs:
-        raise TriageInputError(f"{args.dir}: no {RUNS} (a run header names the matrix, faults and device)")
+        raise TriageInputError(f"{path}: no {RUNS} (a run header names the matrix, faults and device)")
     header = data.runs[-1]
     matrix = header.get("matrix_arg") or header["matrix_file"]
-    device = args.device or header.get("device", "cpu")
     run = MatrixRun.open(matrix, strength=header["strength"] if header.get("mode") == "t-wise" else None,
-                         device=device, faults=header.get("faults", []))
+                         device=device or header.get("device", "cpu"), faults=header.get("faults", []))
     if file_sha256(run.matrix.path) != header.get("matrix_sha256"):
         print(f"warning: {run.matrix.path} changed since the run (sha256 differs); extra cells use it as it is now",
               file=sys.stderr)
+    return run
+
+
+def cmd_locate(args: argparse.Namespace) -> int:
+    """Run the extra cells that settle each failure class of a report directory; print what fails."""
+    data, bad = _load([args.dir])
+    run = reopen(data, args.dir, args.device)
+    header, device = data.runs[-1], run.device
 
     def run_one(cell):
         print(f"extra cell {cell.cell_id} …", flush=True)

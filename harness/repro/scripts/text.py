@@ -1,0 +1,81 @@
+"""The parts every reproducer script shares: the standalone modules' definitions copied in, their imports, literals
+laid out for reading, and the environment the script was written in."""
+from __future__ import annotations
+
+import ast
+import inspect
+import platform
+import pprint
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+#: CPU flags an engine's kernels choose their path by (the header names those the machine has).
+CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+             "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """How a script runs: the argument vector, and what its environment needs beside the caller's."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+    def text(self) -> str:
+        """The shell line a person pastes."""
+        return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.argv)])
+
+
+def definitions(module: ModuleType) -> tuple[list[str], str]:
+    """``module``'s import lines (``from __future__`` left out) and the source of everything else it defines, its
+    docstring left out: what a script copies in."""
+    source = inspect.getsource(module)
+    tree = ast.parse(source)
+    imports, body = [], []
+    for node in tree.body:
+        text = ast.get_source_segment(source, node, padded=True)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if not (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+                imports.append(text)
+        elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+            start = node.decorator_list[0].lineno if getattr(node, "decorator_list", None) else node.lineno
+            body.append("\n".join(source.splitlines()[start - 1 : node.end_lineno]))
+    return imports, "\n\n\n".join(body)
+
+
+def literal(value: object, indent: int = 0) -> str:
+    """``value`` as Python source, laid out within 110 columns."""
+    text = pprint.pformat(value, width=110 - indent, sort_dicts=False, compact=True)
+    return text.replace("\n", "\n" + " " * indent)
+
+
+def rounds_literal(rounds: list[list[tuple]]) -> str:
+    """The workload's rounds, one request a line: ``(rid, prompt token ids, max_new_tokens, priority)``."""
+    lines = ["["]
+    for group in rounds:
+        lines.append("    [")
+        for request in group:
+            lines.append("        " + literal(request, 8) + ",")
+        lines.append("    ],")
+    lines.append("]")
+    return "\n".join(lines)
+
+
+def cpu_flags() -> str:
+    """The CPU flags of ``CPU_FLAGS`` this machine has ("unknown" where /proc/cpuinfo says nothing)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    line = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
+    have = set(line.partition(":")[2].split())
+    return " ".join(flag for flag in CPU_FLAGS if flag in have) or "unknown"
+
+
+def environment(*engine: str) -> list[str]:
+    """The lines of a header's environment: the engine's own (``engine``), python, the platform and CPU flags."""
+    return [*engine, f"python {platform.python_version()}", f"platform {platform.platform()}",
+            f"CPU {platform.machine()}, flags: {cpu_flags()}"]

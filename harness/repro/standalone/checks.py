@@ -1,0 +1,186 @@
+"""The check a reproducer script judges, on plain values, whatever the engine: what the oracle expected and what the
+run with the failing setting got, beside the run with the setting toggled. The standard library alone.
+
+A run is ``{"raised": "Type: message" or None, "passes": {"cold": pass, "warm": pass}}``, a pass
+``{"outputs": [output], "audit": [problem], "nan_events": n}``, an output ``{"rid", "tokens", "logprobs", "margins",
+"cached_tokens", "cached_host", "cached_storage", "finish_reason", "accepted", "drafted"}`` (engines that do not say
+leave a key out). ``CHECK`` (written into each script) names the oracle, its check, the passes it failed in and what
+it needs: the requested lengths, tolerances, the cached tokens the engine's rule allows.
+"""
+from __future__ import annotations
+
+import math
+
+
+def _outputs(run, name):
+    return run["passes"].get(name, {}).get("outputs", [])
+
+
+def _by_rid(run, name):
+    return {out["rid"]: out for out in _outputs(run, name)}
+
+
+def judge_completeness(check, failing, toggled):
+    """Every request finishes exactly once, with the tokens it asked for."""
+    problems = []
+    for name in check["passes"]:
+        seen = {}
+        for out in _outputs(failing, name):
+            seen[out["rid"]] = seen.get(out["rid"], 0) + 1
+            want = check["requested"].get(out["rid"])
+            if want is not None and (out["finish_reason"] != "length" or len(out["tokens"]) != want):
+                problems.append(f"{name} {out['rid']}: finished {out['finish_reason']!r} with {len(out['tokens'])} "
+                                f"of {want} tokens")
+        problems += [f"{name} {rid}: " + ("never finished (lost)" if not seen.get(rid) else f"finished {seen[rid]} times")
+                     for rid in check["requested"] if seen.get(rid, 0) != 1]
+    lengths = ", ".join(f"{rid} {n}" for rid, n in check["requested"].items())
+    return f"every request finishes once with its length ({lengths})", "; ".join(problems) or "as expected", bool(problems)
+
+
+def first_divergence(got, want):
+    """The first step at which two token lists differ (over their common length), None when none does."""
+    return next((step for step, (a, b) in enumerate(zip(got, want)) if a != b), None)
+
+
+def judge_tokens(check, failing, toggled):
+    """Greedy tokens equal the toggled run's, except at a step where its top-2 margin is below the tie tolerance."""
+    for name in check["passes"]:
+        want = _by_rid(toggled, name)
+        for out in _outputs(failing, name):
+            ref = want.get(out["rid"])
+            step = None if ref is None else first_divergence(out["tokens"], ref["tokens"])
+            if step is not None and ref["margins"][step] >= check["tie"]:
+                return (f"{name} {out['rid']}: {ref['tokens']} (as the toggled run)",
+                        f"{out['tokens']} (first differs at step {step})", True)
+    return "the toggled run's tokens", "as expected", False
+
+
+def judge_logprobs(check, failing, toggled):
+    """Each token's logprob within the tolerance of the toggled run's, up to the first divergence."""
+    for name in check["passes"]:
+        want = _by_rid(toggled, name)
+        for out in _outputs(failing, name):
+            ref = want.get(out["rid"])
+            if ref is None:
+                continue
+            stop = first_divergence(out["tokens"], ref["tokens"])
+            for step, (got, exp) in enumerate(zip(out["logprobs"], ref["logprobs"])):
+                if stop is not None and step >= stop:
+                    break
+                if not abs(got - exp) <= check["tolerance"]:
+                    return (f"{name} {out['rid']} step {step}: logprob {exp:.6g} (as the toggled run, ± "
+                            f"{check['tolerance']:g})", f"{got:.6g}", True)
+    return "the toggled run's logprobs", "as expected", False
+
+
+def _admits(allowed, out):
+    got = out["cached_tokens"]
+    if "values" in allowed:
+        ok = got in allowed["values"]
+    else:
+        ok = allowed["lo"] <= got <= allowed["hi"] and got % allowed["page"] == 0
+    return ok and all(allowed.get(tier) in (None, out.get(f"cached_{tier}", 0)) for tier in ("host", "storage"))
+
+
+def judge_cached_tokens(check, failing, toggled):
+    """Each request's cached prompt tokens as the engine's own cache rule allows (``CHECK["cached"]``)."""
+    for name in check["passes"]:
+        got = _by_rid(failing, name)
+        for rid, allowed in check["cached"].get(name, {}).items():
+            out = got.get(rid)
+            if out is not None and not _admits(allowed, out):
+                tiers = ", ".join(f"{t} {out.get(f'cached_{t}', 0)}" for t in ("host", "storage"))
+                return f"{name} {rid}: {allowed['text']}", f"{out['cached_tokens']} ({tiers})", True
+    return "the cached tokens the cache rule allows", "as expected", False
+
+
+def judge_nan(check, failing, toggled):
+    """No NaN or Inf anywhere: in the engine's sentinels or in a logprob."""
+    for name in check["passes"]:
+        events = failing["passes"].get(name, {}).get("nan_events", 0)
+        bad = [out["rid"] for out in _outputs(failing, name) if not all(math.isfinite(x) for x in out["logprobs"])]
+        if events or bad:
+            return "no NaN or Inf", f"{name}: {events} NaN event(s), non-finite logprobs in {bad or 'none'}", True
+    return "no NaN or Inf", "as expected", False
+
+
+def judge_pool_audit(check, failing, toggled):
+    """The idle engine's pools are whole after each pass: nothing leaked, nothing freed twice."""
+    for name in check["passes"]:
+        problems = failing["passes"].get(name, {}).get("audit", [])
+        if problems:
+            return "an idle engine's pools whole", f"{name}: {'; '.join(problems[:3])}", True
+    return "an idle engine's pools whole", "as expected", False
+
+
+def mean_accept_length(outputs):
+    """Tokens emitted per verify step, bonus token included (steps that drafted nothing are not verify steps); 1.0
+    without any verify step, as plain decoding."""
+    steps = [(a, d) for out in outputs for a, d in zip(out.get("accepted", []), out.get("drafted", [])) if d > 0]
+    return sum(a + 1 for a, _ in steps) / len(steps) if steps else 1.0
+
+
+def judge_accept_length(check, failing, toggled):
+    """A pass's mean accept length at most k + 1 and no more than the tolerance below the toggled run's (and, warm,
+    below its own cold pass)."""
+    most, tolerance = check["accept"]["max"], check["accept"]["tolerance"]
+    for name in check["passes"]:
+        got = mean_accept_length(_outputs(failing, name))
+        references = [("the toggled run", mean_accept_length(_outputs(toggled, name)))]
+        if name == "warm":
+            references.append(("its cold pass", mean_accept_length(_outputs(failing, "cold"))))
+        for against, want in references:
+            if got > most or got < want * (1 - tolerance):
+                return (f"{name}: mean accept length at least {want * (1 - tolerance):.4g} ({against}'s {want:.4g} "
+                        f"less {tolerance:.0%}), at most {most}", f"{got:.4g}", True)
+    return "the toggled run's accept length", "as expected", False
+
+
+def judge_error(check, failing, toggled):
+    """The run with the failing setting raises ``CHECK["check"]``; the toggled one does not."""
+    raised = failing["raised"]
+    present = raised is not None and raised.split(":", 1)[0] == check["check"]
+    return f"no exception (the toggled run: {toggled['raised'] or 'none'})", raised or "no exception", present
+
+
+JUDGES = {"completeness": judge_completeness, "tokens": judge_tokens, "logprobs": judge_logprobs,
+          "cached_tokens": judge_cached_tokens, "nan": judge_nan, "pool_audit": judge_pool_audit,
+          "accept_length": judge_accept_length, "error": judge_error}
+
+
+def describe(label, run):
+    """A run, a line per request (tokens, cached tokens, how it finished) and, speculating, each pass's accept
+    length."""
+    lines = [f"{label}:" + (f" raised {run['raised']}" if run["raised"] else "")]
+    for name, result in run["passes"].items():
+        if any(d for out in result["outputs"] for d in out.get("drafted", [])):
+            lines.append(f"  {name:4} mean accept length {mean_accept_length(result['outputs']):.4g}")
+        for out in result["outputs"]:
+            tokens = out["tokens"] if len(out["tokens"]) <= 12 else out["tokens"][:12] + ["…"]
+            lines.append(f"  {name:4} {out['rid']}: {out['finish_reason']}, cached {out.get('cached_tokens', '?')}, "
+                         f"tokens {tokens}")
+    return "\n".join(lines)
+
+
+#: checks that judge the failing run on its own (the toggled run is printed beside it, not compared with).
+INVARIANTS = ("completeness", "cached_tokens", "nan", "pool_audit", "error")
+
+
+def reproduce(check, failing, toggled, setting):
+    """Print both runs and the check's expected against got; the exit status: 1 while the failure shows with the
+    failing setting, 0 once it does not, 2 when a run raised something other than the failure recorded."""
+    print(describe(f"with {setting}", failing))
+    print(describe("toggled", toggled))
+    judge = JUDGES[check["oracle"]]
+    expected, got, present = judge(check, failing, toggled)
+    print(f"check: {check['oracle']}" + (f" ({check['check']})" if check.get("check") else ""))
+    print(f"expected: {expected}")
+    print(f"got:      {got}")
+    if check["oracle"] == "error" and failing["raised"] and not present or (
+            check["oracle"] != "error" and (failing["raised"] or toggled["raised"])):
+        print("inconclusive: a run raised an exception the finding did not record")
+        return 2
+    if present and check["oracle"] in INVARIANTS and judge(check, toggled, toggled)[2]:
+        print("note: the toggled run fails this check too")
+    print("BUG PRESENT" if present else "FIXED: the check passes with the failing setting")
+    return 1 if present else 0

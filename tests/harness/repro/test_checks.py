@@ -1,0 +1,82 @@
+"""The checks a reproducer script carries: each judges plain runs as its oracle does, and the exit status says
+whether the failure shows (1), does not (0), or a run raised something else (2). They import nothing of kvmatrix."""
+from __future__ import annotations
+
+import ast
+import inspect
+
+import pytest
+
+from harness.repro.standalone import checks, reference
+
+
+def output(rid: str, tokens: list[int], **extra) -> dict:
+    return {"rid": rid, "tokens": tokens, "logprobs": [-0.5] * len(tokens), "margins": [1.0] * len(tokens),
+            "cached_tokens": 0, "cached_host": 0, "cached_storage": 0, "finish_reason": "length", "accepted": [],
+            "drafted": [], **extra}
+
+
+def run(*outputs: dict, raised: str | None = None, audit: tuple[str, ...] = (), nan_events: int = 0) -> dict:
+    one = {"outputs": list(outputs), "audit": list(audit), "nan_events": nan_events}
+    return {"raised": raised, "passes": {"cold": one, "warm": one}}
+
+
+CHECK = {"oracle": "completeness", "check": None, "passes": ["cold"], "requested": {"a": 2, "b": 2}}
+
+
+def test_completeness_sees_a_lost_request_and_a_short_one() -> None:
+    expected, got, present = checks.judge_completeness(CHECK, run(output("a", [1, 2])), run())
+    assert present and "b: never finished (lost)" in got and "a 2, b 2" in expected
+    assert checks.judge_completeness(CHECK, run(output("a", [1]), output("b", [1, 2])), run())[2]
+    assert not checks.judge_completeness(CHECK, run(output("a", [1, 2]), output("b", [3, 4])), run())[2]
+
+
+def test_tokens_compare_with_the_toggled_run_and_skip_a_tie() -> None:
+    check = {"oracle": "tokens", "passes": ["cold"], "tie": 0.01}
+    want = run(output("a", [1, 2, 3]))
+    assert checks.judge_tokens(check, run(output("a", [1, 9, 3])), want)[2]
+    tie = run(output("a", [1, 2, 3], margins=[1.0, 0.001, 1.0]))
+    assert not checks.judge_tokens(check, run(output("a", [1, 9, 3])), tie)[2]
+
+
+def test_cached_tokens_judge_the_values_the_rule_allows() -> None:
+    allowed = {"lo": 16, "hi": 32, "page": 16, "host": 0, "storage": 0, "text": "16..32 (multiple of 16)"}
+    check = {"oracle": "cached_tokens", "passes": ["warm"], "cached": {"warm": {"a": allowed}}}
+    assert checks.judge_cached_tokens(check, run(output("a", [1], cached_tokens=20)), run())[2]
+    assert not checks.judge_cached_tokens(check, run(output("a", [1], cached_tokens=32)), run())[2]
+    assert checks.judge_cached_tokens(check, run(output("a", [1], cached_tokens=32, cached_host=16)), run())[2]
+
+
+def test_accept_length_drops_against_the_toggled_run() -> None:
+    check = {"oracle": "accept_length", "passes": ["cold"], "accept": {"max": 4, "tolerance": 0.1}}
+    good = run(output("a", [1] * 8, accepted=[3, 3], drafted=[3, 3]))
+    bad = run(output("a", [1] * 8, accepted=[0, 0, 0], drafted=[3, 3, 3]))
+    expected, got, present = checks.judge_accept_length(check, bad, good)
+    assert present and got == "1" and "at least 3.6" in expected
+    assert not checks.judge_accept_length(check, good, good)[2]
+
+
+def test_reproduce_exits_one_while_the_failure_shows_zero_once_fixed(capsys) -> None:
+    full = run(output("a", [1, 2]), output("b", [3, 4]))
+    assert checks.reproduce(CHECK, run(output("a", [1, 2])), full, "scheduler=priority") == 1
+    assert "BUG PRESENT" in capsys.readouterr().out
+    assert checks.reproduce(CHECK, full, full, "scheduler=priority") == 0
+    assert checks.reproduce(CHECK, run(raised="ValueError: x"), full, "scheduler=priority") == 2
+    error = {"oracle": "error", "check": "IndexError", "passes": ["cold"], "requested": {}}
+    assert checks.reproduce(error, run(raised="IndexError: 4"), full, "spec=mtp") == 1
+    assert checks.reproduce(error, run(raised="KeyError: 4"), full, "spec=mtp") == 2
+    assert checks.reproduce(error, full, full, "spec=mtp") == 0
+
+
+def test_every_oracle_a_script_judges_has_a_check() -> None:
+    assert set(checks.JUDGES) == {"completeness", "tokens", "logprobs", "cached_tokens", "nan", "pool_audit",
+                                  "accept_length", "error"}
+
+
+@pytest.mark.parametrize("module, allowed", [(checks, set()), (reference, {"reference_impl"})])
+def test_the_standalone_code_imports_nothing_of_kvmatrix(module, allowed: set[str]) -> None:
+    """What a script copies in imports the standard library and its engine alone."""
+    tree = ast.parse(inspect.getsource(module))
+    names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert names - allowed <= {"__future__", "math", "uuid", "dataclasses"}, names
