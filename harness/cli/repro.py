@@ -1,6 +1,7 @@
 """``harness repro``: a failing, error or xfail cell of a finished run → a finding folder with a standalone, shrunk
 reproducer (``harness.repro``). Exit 0 when the folder is written (and its script, run at once, exits 1 as it must),
-1 when the failure does not reproduce or the script does not show it, 2 on bad input."""
+1 when there is nothing to reproduce, the failure does not reproduce or the script does not show it, 2 on bad input
+(an engine without a script writer among it)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,7 @@ from harness.cli.triage import TriageInputError, _load, reopen
 from harness.repro.finding import ReproError
 from harness.repro.report import OUTPUT, REPORT, write_finding
 from harness.repro.reproduce import reproduce
+from harness.repro.scripts import writer_for
 
 #: runs a repro may spend unless ``--budget`` says otherwise.
 DEFAULT_BUDGET = 60
@@ -25,6 +27,10 @@ def cmd_repro(args: argparse.Namespace) -> int:
     if bad:
         return 2
     run = reopen(data, args.dir, args.device)
+    try:
+        writer_for(run.matrix.engine)
+    except ReproError as exc:
+        raise TriageInputError(str(exc)) from None
     try:
         repro = reproduce(run, data.rows, data.probes, data.runs[-1], report_dir=Path(args.dir), cell_id=args.cell,
                           oracle=args.oracle, budget=args.budget, say=lambda line: print(line, flush=True))

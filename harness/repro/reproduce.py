@@ -20,7 +20,9 @@ from fixtures.workloads import Workload, load_workload
 from harness.matrix.model import Cell
 from harness.repro.ddmin import Budget, BudgetSpent
 from harness.repro.finding import ReproError, Reproducer, Toggle, located, pick_check, pick_row, toggle_candidates
+from harness.repro.scripts import writer_for
 from harness.repro.shrink import Shrinker
+from harness.repro.standalone.checks import JUDGES
 from harness.repro.trial import Check, Engines, Outcome, ReferenceFailed, References, Trial
 from harness.run.locate import cell_of
 from harness.run.plan import CellPlan, plan_cell
@@ -106,6 +108,10 @@ def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping]
     within ``budget`` runs; raises ``ReproError`` when it does not reproduce or no toggle cures it."""
     row = pick_row(rows, cell_id)
     check = pick_check(row, oracle)
+    writer_for(run.matrix.engine)  # before any run: an engine without a script writer is refused at once
+    if check.oracle not in JUDGES:
+        raise ReproError(f"cell {row['cell_id']}: a script cannot judge {check.oracle} yet (it judges "
+                         f"{', '.join(JUDGES)}); --oracle NAME picks another failing oracle")
     say(f"cell {row['cell_id']} ({row['status']}): {check.text()}")
     engines = Engines(run.device)
     setup = Setup(run, engines, References(engines), Budget(budget))
