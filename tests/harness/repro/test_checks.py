@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from harness.repro.standalone import checks, reference
+from harness.repro.standalone import checkpoint, checks, reference
 
 
 def output(rid: str, tokens: list[int], **extra) -> dict:
@@ -73,10 +73,27 @@ def test_every_oracle_a_script_judges_has_a_check() -> None:
                                   "accept_length", "error"}
 
 
-@pytest.mark.parametrize("module, allowed", [(checks, set()), (reference, {"reference_impl"})])
+@pytest.mark.parametrize("module, allowed", [(checks, set()), (reference, {"reference_impl"}),
+                                             (checkpoint, {"torch", "safetensors", "json", "pathlib"})])
 def test_the_standalone_code_imports_nothing_of_kvmatrix(module, allowed: set[str]) -> None:
     """What a script copies in imports the standard library and its engine alone."""
     tree = ast.parse(inspect.getsource(module))
     names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     names |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert names - allowed <= {"__future__", "math", "uuid", "dataclasses"}, names
+
+
+def test_the_inline_dense_recipe_is_the_checkpoint_the_engines_serve(tmp_path) -> None:
+    """A vLLM or llama.cpp script rebuilds the served dense model from its seed: the very tensors
+    harness.sut.checkpoints exports from the reference model, and a checkpoint directory an engine loads."""
+    import torch
+    from safetensors.torch import load_file
+
+    from harness.sut.checkpoints import SERVED_DENSE, dense_tensors, llama_config
+
+    config = llama_config(SERVED_DENSE)
+    inline, exported = checkpoint.dense_tensors(config, SERVED_DENSE.seed), dense_tensors(SERVED_DENSE)
+    assert inline.keys() == exported.keys()
+    assert all(torch.equal(inline[name], exported[name]) for name in exported)
+    written = load_file(f"{checkpoint.write_checkpoint(tmp_path / 'dense', config, inline)}/model.safetensors")
+    assert all(torch.equal(written[name], exported[name]) for name in exported)
