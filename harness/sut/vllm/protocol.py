@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,9 @@ STDERR_TAIL = 3000
 #: seconds a closing child gets before its process group is killed.
 CLOSE_GRACE_S = 10.0
 
+
+#: how ``ProcessGroup.exited`` words a death by signal (the signal is the error row's type).
+_KILLED = re.compile(r"killed by (SIG[A-Z0-9]+)")
 
 class EngineChildError(RuntimeError):
     """The vLLM child died, hung up or answered outside the protocol; the message says which, with its stderr."""
@@ -74,10 +78,13 @@ class ChildProcess:
 
     @staticmethod
     def _failure(summary: str, output: str, what: str = "stderr") -> EngineChildError:
-        """``summary``, then the child's ``output``, then the exception it shows as the cause: that line ends the
-        message, so the error row's type is vLLM's own (a ValidationError, not pydantic's footer below it),
-        ``EngineChildError`` when it shows none."""
-        cause = raised_first(output) or f"EngineChildError: {summary.splitlines()[0]}"
+        """``summary``, then the child's ``output``, then the cause: that line ends the message, so the error row's
+        type is it. A child killed by a signal died of it (``SIGILL``: its output's last traceback is a warning it
+        logged while it lived); else the exception the output shows (vLLM's own: a ValidationError, not pydantic's
+        footer below it), ``EngineChildError`` when it shows none."""
+        killed = _KILLED.search(summary)
+        cause = (f"{killed.group(1)}: {summary.splitlines()[0]}" if killed else raised_first(output)
+                 or f"EngineChildError: {summary.splitlines()[0]}")
         return EngineChildError(f"{summary}; {what}:\n{output.rstrip()}\n{cause}")
 
     def _exit(self) -> str:

@@ -171,7 +171,10 @@ def test_a_child_that_fails_is_an_error_cell_naming_it(tmp_path: Path, fake_chil
     result = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
     assert result.status == "error" and needle in result.error, result.error
     if mode == "die":
+        from harness.results.rows import error_type
+
         assert "fake vLLM child: out of memory" in result.error  # the child's stderr tail
+        assert error_type(result.error) == "SIGKILL"  # what it died of, not a traceback it logged while it lived
     assert alive(pids) == []
 
 
