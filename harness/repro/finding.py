@@ -62,7 +62,8 @@ def pick_row(rows: Sequence[Mapping], cell_id: str | None) -> Mapping:
 def _declared(row: Mapping) -> tuple[list[str], str | None]:
     """An xfail row's declared failures and the ``check`` their signature names (None when none names one)."""
     expected = row.get("expected") or {}
-    checks = [value for decl in expected.get("declarations", []) for value in decl.get("signature", {}).get("check", [])]
+    checks = [value for decl in expected.get("declarations", [])
+              for value in decl.get("signature", {}).get("check", [])]
     return list(expected.get("fails", [])), (checks[0] if len(set(checks)) == 1 else None)
 
 

@@ -59,7 +59,8 @@ def _cause(repro: Reproducer) -> tuple[str, str]:
     declarations = (repro.row.get("expected") or {}).get("declarations", [])
     if declarations:
         return (" ".join(d.get("reason", "") for d in declarations),
-                "; ".join(f"{d.get('upstream', 'not reported')} (seen on {d.get('seen_on', '?')})" for d in declarations))
+                "; ".join(f"{d.get('upstream', 'not reported')} (seen on {d.get('seen_on', '?')})"
+                          for d in declarations))
     return "Unknown: to be filled in by hand.", "Not reported."
 
 
@@ -74,8 +75,9 @@ def report_text(repro: Reproducer, writer: ScriptWriter, script: Path, ran: Ran 
     lines = [
         f"# {check.text()} fails with {toggle.factor}={toggle.level} ({repro.plan.engine})", "",
         "## What",
-        f"With `{toggle.factor}={toggle.level}` the `{check.text()}` check fails; with `{toggle.factor}={toggle.golden}` "
-        f"(its golden level), all else equal, it passes. The check fails when {fails_when}.", "",
+        f"With `{toggle.factor}={toggle.level}` the `{check.text()}` check fails; with "
+        f"`{toggle.factor}={toggle.golden}` (its golden level), all else equal, it passes. The check fails when "
+        f"{fails_when}.", "",
         "## How to reproduce",
         f"`{SCRIPT}` is standalone (no kvmatrix import): it sends {size.requests} request(s) ({size.prompt_tokens} "
         f"prompt tokens, {size.decoded_tokens} decoded) cold then warm, once per setting, and exits 1 while the bug "

@@ -3,10 +3,11 @@ shorter prompts, each candidate run on the engine (C-Reduce's interestingness te
 
 Requests go first (``ddmin`` over them, rounds kept in order, an emptied round gone), then the rounds are merged
 into one where that still fails, then every request's ``max_new_tokens`` is halved (all together, then each alone),
-then the prompts lose token runs, each dropped whole or halved (``halve``). A run is a *segment* of the prompts' prefix tree: tokens that the same set of
-prompts shares (a shared system prompt is one segment, each request's own tail another), so a run is dropped or
-halved in every prompt that holds it at once and a shared prefix stays shared; where the check needs it whole, the
-candidate that cut it passes and is thrown away. The four steps repeat until none shrinks (or the budget is spent).
+then the prompts lose token runs, each dropped whole or halved (``halve``). A run is a *segment* of the prompts'
+prefix tree: tokens that the same set of prompts shares (a shared system prompt is one segment, each request's own
+tail another), so a run is dropped or halved in every prompt that holds it at once and a shared prefix stays shared;
+where the check needs it whole, the candidate that cut it passes and is thrown away. The four steps repeat until
+none shrinks (or the budget is spent).
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class Size:
 
 @dataclass(frozen=True, slots=True)
 class Shrunk:
-    """A shrink's result: the workload, its size before and after, and the runs it spent of its budget."""
+    """A shrink's result: the workload, its size before and after, and the runs it spent of those its budget had
+    left when it began."""
 
     workload: Workload
     before: Size
@@ -55,7 +57,7 @@ class Shrunk:
     budget: int
 
     def text(self) -> str:
-        """``requests 12 → 2, rounds 1 → 1, prompt tokens 480 → 23, decoded tokens 96 → 2; 37 of 60 runs``."""
+        """``requests 12 → 2, rounds 1 → 1, prompt tokens 480 → 23, decoded tokens 96 → 2; 37 of 58 runs``."""
         names = ("requests", "rounds", "prompt tokens", "decoded tokens")
         sizes = ", ".join(f"{n} {a} → {b}" for n, a, b in zip(names, self.before.as_tuple(), self.after.as_tuple()))
         return f"{sizes}; {self.runs} of {self.budget} runs"
@@ -171,7 +173,7 @@ class Shrinker:
 
     def run(self) -> Shrunk:
         """Shrink until no step finds a smaller failing workload, or the budget is spent."""
-        spent_before = self.budget.spent
+        spent_before, left = self.budget.spent, self.budget.left
         try:
             for _ in range(MAX_PASSES):
                 start = self.current
@@ -182,8 +184,7 @@ class Shrinker:
         except BudgetSpent:
             pass
         workload = self.current.workload(self.original, self.name)
-        return Shrunk(workload, Size.of(self.original), Size.of(workload), self.budget.spent - spent_before,
-                      self.budget.runs)
+        return Shrunk(workload, Size.of(self.original), Size.of(workload), self.budget.spent - spent_before, left)
 
     def _requests(self) -> None:
         kept = ddmin(range(len(self.current.requests)), lambda keep: self.test(self.current.keep(keep)))

@@ -12,7 +12,7 @@ import torch
 
 from harness.repro import expect
 from harness.repro.finding import Reproducer
-from harness.repro.scripts.text import Command, definitions, environment, literal, rounds_literal
+from harness.repro.scripts.text import Command, definitions, environment, import_block, literal, rounds_literal
 from harness.repro.standalone import checks, reference as standalone
 from harness.results.header import git_commit
 from harness.sut.reference import LEVELS
@@ -60,9 +60,10 @@ def _fields(config: EngineConfig, named: dict[int, str], imports: set[str]) -> l
     out = []
     for field in dataclasses.fields(EngineConfig):
         value = getattr(config, field.name)
+        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
         if field.name == "faults":
             out += ["faults=PLANTED"] if value else []
-        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING or value != field.default:
+        elif required or value != field.default:
             out.append(f"{field.name}={_expr(value, named, imports)}")
     return out
 
@@ -115,12 +116,13 @@ def script(repro: Reproducer, path: Path) -> str:
     check_imports, check_source = definitions(checks)
     serve_imports, serve_source = definitions(standalone)
     imports.update(check_imports + serve_imports)
-    rounds = [[(r.rid, r.prompt, r.max_new_tokens, r.priority) for r in group] for group in repro.shrunk.workload.rounds()]
+    rounds = [[(r.rid, r.prompt, r.max_new_tokens, r.priority) for r in group]
+              for group in repro.shrunk.workload.rounds()]
     toggle = repro.toggle
     planted = sorted(repro.plan.faults)
     parts = [
         "#!/usr/bin/env python3", _header(repro, path), "from __future__ import annotations", "",
-        "\n".join(sorted(imports, key=lambda line: (not line.startswith("import"), line))), "", "",
+        import_block(imports), "", "",
         "#: the engine bug: kvmatrix's reference engine carries each bug it models as a fault, planted by name; a",
         "#: reference_impl that no longer carries it (fixed) plants nothing here.",
         f"PLANTED = frozenset(name for name in {literal(planted)} if name in FAULTS)",
@@ -129,7 +131,8 @@ def script(repro: Reproducer, path: Path) -> str:
         f"#: the one toggled setting: {toggle.factor} {toggle.level} → {toggle.golden} (its golden level)",
         f"TOGGLED = replace(FAILING, {swaps})",
         f"SETTING = {literal(f'{toggle.factor}={toggle.level}')}",
-        "#: the shrunk workload, served cold then warm: rounds of (request id, prompt token ids, max_new_tokens, priority)",
+        "#: the shrunk workload, served cold then warm: rounds of (request id, prompt token ids, max_new_tokens,",
+        "#: priority)",
         f"ROUNDS = {rounds_literal(rounds)}",
         "#: the check that fails, and what it needs (from the harness's own judgement of the failing run)",
         f"CHECK = {literal(expect.check_spec(repro), 8)}", "", "",

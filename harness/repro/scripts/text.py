@@ -46,6 +46,17 @@ def definitions(module: ModuleType) -> tuple[list[str], str]:
     return imports, "\n\n\n".join(body)
 
 
+def import_block(lines: set[str] | list[str]) -> str:
+    """Import lines sorted, plain imports first, the names one module gives joined on one line."""
+    plain = sorted({line for line in lines if line.startswith("import ")})
+    names: dict[str, set[str]] = {}
+    for line in lines:
+        if line.startswith("from "):
+            module, _, given = line[len("from "):].partition(" import ")
+            names.setdefault(module, set()).update(name.strip() for name in given.split(","))
+    return "\n".join([*plain, *(f"from {module} import {', '.join(sorted(names[module]))}" for module in sorted(names))])
+
+
 def literal(value: object, indent: int = 0) -> str:
     """``value`` as Python source, laid out within 110 columns."""
     text = pprint.pformat(value, width=110 - indent, sort_dicts=False, compact=True)

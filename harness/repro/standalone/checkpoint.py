@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 
 
-def scaled_randn(gen, *shape, gain=1.0):
+def scaled_randn(gen: torch.Generator, *shape: int, gain: float = 1.0) -> torch.Tensor:
     """Gaussian weights scaled by 1/sqrt(fan_in), drawn from ``gen``."""
     return torch.randn(shape, generator=gen) * gain / math.sqrt(shape[-1])
 
 
-def dense_tensors(config, seed):
+def dense_tensors(config: dict, seed: int) -> dict[str, torch.Tensor]:
     """The reference model's weights for an all-attention Llama ``config`` (config.json's keys) under HF names, drawn
     in the reference's order: the embedding; per layer q, k, v, o, then gate, up, down; the LM head as the embedding
     permuted to a seeded successor plus half as much noise."""
@@ -43,7 +43,7 @@ def dense_tensors(config, seed):
     return out
 
 
-def write_checkpoint(directory, config, tensors):
+def write_checkpoint(directory: str | Path, config: dict, tensors: dict[str, torch.Tensor]) -> str:
     """``config.json`` and ``model.safetensors`` in ``directory``: what an engine loads as a model path."""
     from safetensors.torch import save_file
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 import math
 
 
-def _outputs(run, name):
+def _outputs(run: dict, name: str) -> list[dict]:
     return run["passes"].get(name, {}).get("outputs", [])
 
 
-def _by_rid(run, name):
+def _by_rid(run: dict, name: str) -> dict[str, dict]:
     return {out["rid"]: out for out in _outputs(run, name)}
 
 
-def judge_completeness(check, failing, toggled):
+def judge_completeness(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """Every request finishes exactly once, with the tokens it asked for."""
     problems = []
     for name in check["passes"]:
@@ -31,18 +31,20 @@ def judge_completeness(check, failing, toggled):
             if want is not None and (out["finish_reason"] != "length" or len(out["tokens"]) != want):
                 problems.append(f"{name} {out['rid']}: finished {out['finish_reason']!r} with {len(out['tokens'])} "
                                 f"of {want} tokens")
-        problems += [f"{name} {rid}: " + ("never finished (lost)" if not seen.get(rid) else f"finished {seen[rid]} times")
+        problems += [f"{name} {rid}: " + ("never finished (lost)" if not seen.get(rid) else
+                                          f"finished {seen[rid]} times")
                      for rid in check["requested"] if seen.get(rid, 0) != 1]
     lengths = ", ".join(f"{rid} {n}" for rid, n in check["requested"].items())
-    return f"every request finishes once with its length ({lengths})", "; ".join(problems) or "as expected", bool(problems)
+    expected = f"every request finishes once with its length ({lengths})"
+    return expected, "; ".join(problems) or "as expected", bool(problems)
 
 
-def first_divergence(got, want):
+def first_divergence(got: list, want: list) -> int | None:
     """The first step at which two token lists differ (over their common length), None when none does."""
     return next((step for step, (a, b) in enumerate(zip(got, want)) if a != b), None)
 
 
-def judge_tokens(check, failing, toggled):
+def judge_tokens(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """Greedy tokens equal the toggled run's, except at a step where its top-2 margin is below the tie tolerance."""
     for name in check["passes"]:
         want = _by_rid(toggled, name)
@@ -55,7 +57,7 @@ def judge_tokens(check, failing, toggled):
     return "the toggled run's tokens", "as expected", False
 
 
-def judge_logprobs(check, failing, toggled):
+def judge_logprobs(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """Each token's logprob within the tolerance of the toggled run's, up to the first divergence."""
     for name in check["passes"]:
         want = _by_rid(toggled, name)
@@ -73,7 +75,7 @@ def judge_logprobs(check, failing, toggled):
     return "the toggled run's logprobs", "as expected", False
 
 
-def _admits(allowed, out):
+def _admits(allowed: dict, out: dict) -> bool:
     got = out["cached_tokens"]
     if "values" in allowed:
         ok = got in allowed["values"]
@@ -82,7 +84,7 @@ def _admits(allowed, out):
     return ok and all(allowed.get(tier) in (None, out.get(f"cached_{tier}", 0)) for tier in ("host", "storage"))
 
 
-def judge_cached_tokens(check, failing, toggled):
+def judge_cached_tokens(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """Each request's cached prompt tokens as the engine's own cache rule allows (``CHECK["cached"]``)."""
     for name in check["passes"]:
         got = _by_rid(failing, name)
@@ -94,7 +96,7 @@ def judge_cached_tokens(check, failing, toggled):
     return "the cached tokens the cache rule allows", "as expected", False
 
 
-def judge_nan(check, failing, toggled):
+def judge_nan(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """No NaN or Inf anywhere: in the engine's sentinels or in a logprob."""
     for name in check["passes"]:
         events = failing["passes"].get(name, {}).get("nan_events", 0)
@@ -104,7 +106,7 @@ def judge_nan(check, failing, toggled):
     return "no NaN or Inf", "as expected", False
 
 
-def judge_pool_audit(check, failing, toggled):
+def judge_pool_audit(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """The idle engine's pools are whole after each pass: nothing leaked, nothing freed twice."""
     for name in check["passes"]:
         problems = failing["passes"].get(name, {}).get("audit", [])
@@ -113,14 +115,14 @@ def judge_pool_audit(check, failing, toggled):
     return "an idle engine's pools whole", "as expected", False
 
 
-def mean_accept_length(outputs):
+def mean_accept_length(outputs: list[dict]) -> float:
     """Tokens emitted per verify step, bonus token included (steps that drafted nothing are not verify steps); 1.0
     without any verify step, as plain decoding."""
     steps = [(a, d) for out in outputs for a, d in zip(out.get("accepted", []), out.get("drafted", [])) if d > 0]
     return sum(a + 1 for a, _ in steps) / len(steps) if steps else 1.0
 
 
-def judge_accept_length(check, failing, toggled):
+def judge_accept_length(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """A pass's mean accept length at most k + 1 and no more than the tolerance below the toggled run's (and, warm,
     below its own cold pass)."""
     most, tolerance = check["accept"]["max"], check["accept"]["tolerance"]
@@ -136,7 +138,7 @@ def judge_accept_length(check, failing, toggled):
     return "the toggled run's accept length", "as expected", False
 
 
-def judge_error(check, failing, toggled):
+def judge_error(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """The run with the failing setting raises ``CHECK["check"]``; the toggled one does not."""
     raised = failing["raised"]
     present = raised is not None and raised.split(":", 1)[0] == check["check"]
@@ -148,7 +150,7 @@ JUDGES = {"completeness": judge_completeness, "tokens": judge_tokens, "logprobs"
           "accept_length": judge_accept_length, "error": judge_error}
 
 
-def describe(label, run):
+def describe(label: str, run: dict) -> str:
     """A run, a line per request (tokens, cached tokens, how it finished) and, speculating, each pass's accept
     length."""
     lines = [f"{label}:" + (f" raised {run['raised']}" if run["raised"] else "")]
@@ -166,7 +168,7 @@ def describe(label, run):
 INVARIANTS = ("completeness", "cached_tokens", "nan", "pool_audit", "error")
 
 
-def reproduce(check, failing, toggled, setting):
+def reproduce(check: dict, failing: dict, toggled: dict, setting: str) -> int:
     """Print both runs and the check's expected against got; the exit status: 1 while the failure shows with the
     failing setting, 0 once it does not, 2 when a run raised something other than the failure recorded."""
     print(describe(f"with {setting}", failing))

@@ -5,18 +5,19 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 
+from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine
-from reference_impl.request import RequestSpec
+from reference_impl.request import RequestOutput, RequestSpec
 
 
-def plain(out):
+def plain(out: RequestOutput) -> dict:
     """One ``RequestOutput`` as the checks read it."""
     return {"rid": out.rid, "tokens": list(out.tokens), "logprobs": list(out.logprobs), "margins": list(out.margins),
             "cached_tokens": out.cached_tokens, "cached_host": out.cached_host, "cached_storage": out.cached_storage,
             "finish_reason": out.finish_reason, "accepted": list(out.accepted), "drafted": list(out.drafted)}
 
 
-def serve(config, rounds):
+def serve(config: EngineConfig, rounds: list[list[tuple]]) -> dict:
     """A cold pass then a warm pass of ``rounds`` (each a list of ``(rid, prompt, max_new_tokens, priority)``, served
     one after the other) on one engine; a store namespace of its own, so no earlier run's pages are hit."""
     run = {"raised": None, "passes": {}}

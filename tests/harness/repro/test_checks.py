@@ -78,7 +78,8 @@ def test_every_oracle_a_script_judges_has_a_check() -> None:
 def test_the_standalone_code_imports_nothing_of_kvmatrix(module, allowed: set[str]) -> None:
     """What a script copies in imports the standard library and its engine alone."""
     tree = ast.parse(inspect.getsource(module))
-    names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
     names |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert names - allowed <= {"__future__", "math", "uuid", "dataclasses"}, names
 
