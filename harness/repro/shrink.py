@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from fixtures.workloads import Workload
+from fixtures.workloads.expect import common_prefix
 from harness.repro.ddmin import Budget, BudgetSpent, ddmin
 from reference_impl.request import RequestSpec
 
@@ -83,22 +84,13 @@ class Segment:
         return sequence[: self.start] + tokens + sequence[self.end :]
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def segments(prompts: Sequence[tuple[int, ...]], head: tuple[int, ...] = ()) -> list[Segment]:
     """The prompts cut wherever the set of prompts (and ``head``) sharing a prefix changes, longest run first."""
     sequences = [*prompts, *([head] if head else [])]
     found: dict[tuple[int, int, tuple[int, ...]], Segment] = {}
     for i, prompt in enumerate(prompts):
         cuts = {0, len(prompt)} | {n for j, other in enumerate(sequences) if j != i
-                                   if 0 < (n := _common_prefix(prompt, other)) < len(prompt)}
+                                   if 0 < (n := common_prefix(prompt, other)) < len(prompt)}
         points = sorted(cuts)
         for a, b in zip(points, points[1:]):
             found.setdefault((a, b, prompt[:b]), Segment(a, b, prompt[:b]))
