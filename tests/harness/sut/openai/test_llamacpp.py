@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from fixtures.spec_expect import ModelRule
-from fixtures.workloads import Workload
+from fixtures.spec_expect import ModelRule, replay_trace
+from fixtures.workloads import Workload, load_workload
 from harness.matrix.file import load_matrix
 from harness.matrix.model import generate
 from harness.oracles import cached_tokens, logprobs
@@ -22,6 +23,7 @@ from harness.sut.checkpoints import DRAFT_LAYERS, SERVED_DENSE
 from harness.sut.openai.llamacpp import LlamaCppSlots, asked, read_back, slot_config, spec_rule
 from harness.sut.openai.slots import SlotConfig
 from harness.sut.openai.wire import request_output
+from harness.sut.vllm.arguments import VLLM_LOOKUP
 from reference_impl.request import RequestOutput, RequestSpec
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -284,10 +286,12 @@ def recorded_ggufs(monkeypatch: pytest.MonkeyPatch) -> None:
                         lambda name: Path("{gguf}" if name == "dense" else "{draft_gguf}"))
 
 
-@pytest.mark.parametrize("name", ["ngram_repeated_phrases.json"])
+@pytest.mark.parametrize("name", ["ngram_repeated_phrases.json", "ngram1_repeated_phrases.json",
+                                  "draft_repeated_phrases.json", "draft_system_prompt.json"])
 def test_recorded_llama_server_counters_equal_the_replay_and_a_count_off_it_fails(name: str, recorded_ggufs) -> None:
-    """llama-server's own counters (/metrics) equal its proposer replayed over each recorded pass's tokens; golden
-    counting the same, an accepted token fewer, a draft more or a draft token fewer fails the replay alone."""
+    """llama-server's own counters (/metrics) equal its proposer replayed over each recorded pass's tokens (n-gram
+    lookup, the one-layer draft); golden counting the same, an accepted token fewer, a draft more or a draft token
+    fewer fails the replay alone."""
     from tests.harness.oracles.test_accept_length import ORACLES, served_view
 
     record = json.loads((PASSES / name).read_text())
@@ -306,3 +310,17 @@ def test_recorded_llama_server_counters_equal_the_replay_and_a_count_off_it_fail
             verdict = judge({**counted, what: counted[what] + by})
             assert verdict.status == "fail" and [(f["check"], f["what"]) for f in verdict.detail] == \
                 [("replay", what)], verdict.message
+
+
+def test_the_recorded_ngram_counters_are_llama_cpps_rule_not_prompt_lookups(recorded_ggufs) -> None:
+    """n = 1, m = 6 over repeated phrases of period 5: prompt lookup of the same n, which also copies the token just
+    sampled, drafts 2 tokens more and accepts 2 more than llama-server counted; ngram-simple's history-only copy is
+    what it counted."""
+    record = json.loads((PASSES / "ngram1_repeated_phrases.json").read_text())
+    served, workload = record["passes"]["cold"], load_workload(record["workload"])
+    lookup = replace(VLLM_LOOKUP, min_n=1, max_n=1, earliest=False, within_request=True, max_model_len=None)
+    for rule, want in ((spec_rule(asked(record["argv"], {}, {}), 2048, "", 6), served["counters"]),
+                       (lookup, {"drafts": 96, "draft_tokens": 536, "accepted_tokens": 26})):
+        traces = [replay_trace(r.prompt, served["outputs"][r.rid], 6, r.max_new_tokens, rule) for r in workload.requests]
+        assert {"drafts": sum(d > 0 for t in traces for d in t.drafted), "draft_tokens": sum(sum(t.drafted) for t in
+                traces), "accepted_tokens": sum(sum(t.accepted) for t in traces)} == want
