@@ -68,7 +68,7 @@ def test_drafts_and_draft_tokens_are_exact(what: str, got: int) -> None:
 
 def test_no_replay_without_a_known_rule_or_with_a_request_it_cannot_follow() -> None:
     planted = {**REPLAYED, "accepted_tokens": 4}
-    assert ORACLES["accept_length"]([counted_view(planted, replay=None)]).status == "pass"  # llama.cpp: rule unknown
+    assert ORACLES["accept_length"]([counted_view(planted, replay=None)]).status == "pass"  # no rule known
     aborted = counted_view(planted)
     aborted.outputs[1].finish_reason = "aborted"  # the pass's counters include steps its output does not show
     assert ORACLES["accept_length"]([aborted]).status == "pass"

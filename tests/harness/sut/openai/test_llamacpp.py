@@ -321,6 +321,7 @@ def test_the_recorded_ngram_counters_are_llama_cpps_rule_not_prompt_lookups(reco
     lookup = replace(VLLM_LOOKUP, min_n=1, max_n=1, earliest=False, within_request=True, max_model_len=None)
     for rule, want in ((spec_rule(asked(record["argv"], {}, {}), 2048, "", 6), served["counters"]),
                        (lookup, {"drafts": 96, "draft_tokens": 536, "accepted_tokens": 26})):
-        traces = [replay_trace(r.prompt, served["outputs"][r.rid], 6, r.max_new_tokens, rule) for r in workload.requests]
+        traces = [replay_trace(r.prompt, served["outputs"][r.rid], 6, r.max_new_tokens, rule)
+                  for r in workload.requests]
         assert {"drafts": sum(d > 0 for t in traces for d in t.drafted), "draft_tokens": sum(sum(t.drafted) for t in
                 traces), "accepted_tokens": sum(sum(t.accepted) for t in traces)} == want
