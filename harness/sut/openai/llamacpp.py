@@ -68,9 +68,11 @@ DRAFT_MODEL_FLAGS = FLAGS["draft_model"][0]
 SPEC_FLAGS = ("--spec-type", *DRAFT_MODEL_FLAGS)
 #: synthetic acceptance (benchmarking: drafts accepted at random, common/arg.cpp)
 SYNTH_FLAGS = ("--spec-synth-len", "--spec-synth-rates", "LLAMA_ARG_SPEC_SYNTH_LEN", "LLAMA_ARG_SPEC_SYNTH_RATES")
-#: what a recurrent or hybrid target's memory logs at start (src/llama-memory-recurrent.cpp): there llama.cpp
-#: verifies a partly accepted draft again from a checkpoint, a step no replay models
-_RECURRENT = "llama_memory_recurrent"
+#: GGUF architectures whose memory is a KV cache that drops a sequence's tail (``common_context_can_seq_rm``: a
+#: partly accepted draft's rest is dropped): the one ``harness.sut.gguf_export`` writes. A recurrent or hybrid target
+#: has llama.cpp verify the accepted part again from a checkpoint (``spec_is_replay``), a step no replay models; its
+#: log at the default verbosity does not say which memory it made, so the target's GGUF does
+REPLAYED_ARCHITECTURES = frozenset({"llama"})
 _STARTED = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(\w+)'")
 #: states one pass's checks of the hits a request did not report may visit in all, and each one (past them such a
 #: hit counts as possible: the expectation widens, never narrows)
@@ -109,7 +111,7 @@ def _spec_types(argv: Sequence[str], env: Mapping[str, str]) -> frozenset[str]:
     return types or (frozenset({"the draft GGUF's"}) if drafts else frozenset())
 
 
-def spec_rule(settings: Mapping[str, object], n_ctx: int | None, log: str, k: int) -> Proposer | None:
+def spec_rule(settings: Mapping[str, object], n_ctx: int | None, architecture: str | None, k: int) -> Proposer | None:
     """The rule llama-server's proposer drafts by, for ``accept_length`` to replay over each request's tokens, each
     draft cut to the slot's context ``n_ctx`` and the request's remaining tokens less one (``get_n_draft_max``):
 
@@ -120,9 +122,9 @@ def spec_rule(settings: Mapping[str, object], n_ctx: int | None, log: str, k: in
       defaults (0, 0) that is the draft's greedy continuation, ``ModelRule`` as for vLLM's draft.
 
     None for any other proposer, several at once (each falls back on the next), a draft cut by ``p_min`` or
-    ``n_min`` or of another length than the cell's ``k``, synthetic acceptance, or a recurrent or hybrid target
-    (which verifies a partly accepted draft again from a checkpoint)."""
-    if settings["synthetic"] or _RECURRENT in log:
+    ``n_min`` or of another length than the cell's ``k``, synthetic acceptance, or a target ``architecture`` (its
+    GGUF's) not in ``REPLAYED_ARCHITECTURES``."""
+    if settings["synthetic"] or architecture not in REPLAYED_ARCHITECTURES:
         return None
     if settings["spec_types"] == {"ngram-simple"}:
         return SimpleNgramRule("llama.cpp's ngram-simple (common/ngram-map.cpp common_ngram_simple_draft, "
@@ -142,6 +144,17 @@ def _made_here(settings: Mapping[str, object]) -> bool:
     from harness.sut.gguf_export import gguf_file
 
     return (settings["model"], settings["draft_model"]) == (str(gguf_file("dense")), str(gguf_file("draft")))
+
+
+def gguf_architecture(path: str) -> str | None:
+    """``general.architecture`` of the GGUF at ``path``; None where it cannot be read."""
+    from gguf import GGUFReader
+
+    try:
+        field = GGUFReader(path).fields["general.architecture"]
+        return bytes(field.parts[field.data[0]]).decode()
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
 
 
 def _value(text: str, default: object) -> object:
@@ -322,8 +335,9 @@ def read_traits(process: ServerProcess, launch: Launch, traits: Traits, timeout_
         slots = None
     if not isinstance(props, dict) or not (slots is None or isinstance(slots, list)):
         raise ServerError(f"malformed response to GET /props or /slots: {str(props)[:120]}")
-    log, settings = server_log(process.log_path), asked(launch.argv, launch.env, launch.request)
-    rule, applied = read_back(props, slots, log, settings, traits.cache.enabled)
+    settings = asked(launch.argv, launch.env, launch.request)
+    rule, applied = read_back(props, slots, server_log(process.log_path), settings, traits.cache.enabled)
     per_slot = int(props.get("default_generation_settings", {}).get("n_ctx", 0)) or None
+    replay = spec_rule(settings, per_slot, gguf_architecture(str(settings["model"])), traits.spec.k)
     return replace(traits, cache=replace(traits.cache, rule=rule), applied=applied,
-                   spec=replace(traits.spec, replay=spec_rule(settings, per_slot, log, traits.spec.k)))
+                   spec=replace(traits.spec, replay=replay))

@@ -20,7 +20,8 @@ from harness.oracles.view import PassView
 from harness.run.plan import plan_cell
 from harness.sut.base import CacheTraits, PassResult, SpecTraits, Traits
 from harness.sut.checkpoints import DRAFT_LAYERS, SERVED_DENSE
-from harness.sut.openai.llamacpp import LlamaCppSlots, asked, read_back, slot_config, spec_rule
+from harness.sut.openai.llamacpp import (LlamaCppSlots, asked, gguf_architecture, read_back, slot_config,
+                                        spec_rule)
 from harness.sut.openai.slots import SlotConfig
 from harness.sut.openai.wire import request_output
 from harness.sut.vllm.arguments import VLLM_LOOKUP
@@ -80,34 +81,44 @@ def made_here(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_ngram_simple_proposer_is_replayed_with_the_n_and_m_asked_and_the_slots_context() -> None:
-    rule = spec_rule(asked(NGRAM, {}, {}), 2048, STARTED, 4)
+    rule = spec_rule(asked(NGRAM, {}, {}), 2048, "llama", 4)
     assert (rule.size_n, rule.size_m, rule.max_model_len, rule.within_request) == (2, 4, 2048, True)
     assert "common_ngram_simple_draft" in rule.name and "get_n_draft_max" in rule.name
     # common/common.h's defaults where the launch names neither; the type from the variable
-    rule = spec_rule(asked([], {"LLAMA_ARG_SPEC_TYPE": "ngram-simple"}, {}), None, "", 3)
+    rule = spec_rule(asked([], {"LLAMA_ARG_SPEC_TYPE": "ngram-simple"}, {}), None, "llama", 3)
     assert (rule.size_n, rule.size_m, rule.max_model_len) == (12, 48, None)
 
 
 def test_the_draft_made_here_is_replayed_greedy_by_its_one_layer(made_here: None) -> None:
-    rule = spec_rule(asked(DRAFT, {}, {}), 2048, STARTED, 3)
+    rule = spec_rule(asked(DRAFT, {}, {}), 2048, "llama", 3)
     assert isinstance(rule, ModelRule) and (rule.model, rule.layers, rule.skip) == (SERVED_DENSE, DRAFT_LAYERS, 0)
     assert (rule.within_request, rule.max_model_len) == (True, 2048) and "draft-simple" in rule.name
 
 
-@pytest.mark.parametrize(("argv", "env", "log", "k"), [
-    ([], {}, "", 3),                                                                 # no proposer
-    (["-md", "/c/draft.gguf"], {}, "", 3),                                           # the type the draft GGUF names
-    (["--spec-type", "ngram-simple,ngram-mod"], {}, "", 3),                          # one falls back on the other
-    (["--spec-type", "ngram-simple", "--spec-type", "ngram-map-k"], {}, "", 3),      # the lists add up
-    (["--spec-type", "ngram-simple", "--spec-synth-len", "2.5"], {}, "", 3),         # synthetic acceptance
-    (["--spec-type", "ngram-simple"], {}, "llama_memory_recurrent: size = 1 MiB", 3),  # a recurrent target
-    ([*DRAFT, "--spec-draft-p-min", "0.5"], {}, "", 3),                              # a draft cut by probability
-    (DRAFT, {"LLAMA_ARG_SPEC_DRAFT_N_MIN": "2"}, "", 3),                             # ... or dropped under n_min
-    (DRAFT, {}, "", 4),                                                              # k other than n_max
-    (["-m", "/c/dense.gguf", "--spec-type", "draft-simple", "-md", "/c/x.gguf"], {}, "", 3),  # a draft not made here
+@pytest.mark.parametrize(("argv", "env", "architecture", "k"), [
+    ([], {}, "llama", 3),                                                            # no proposer
+    (["-md", "/c/draft.gguf"], {}, "llama", 3),                                      # the type the draft GGUF names
+    (["--spec-type", "ngram-simple,ngram-mod"], {}, "llama", 3),                     # one falls back on the other
+    (["--spec-type", "ngram-simple", "--spec-type", "ngram-map-k"], {}, "llama", 3),  # the lists add up
+    (["--spec-type", "ngram-simple", "--spec-synth-len", "2.5"], {}, "llama", 3),    # synthetic acceptance
+    (["--spec-type", "ngram-simple"], {}, "mamba2", 3),                              # a recurrent target
+    (["--spec-type", "ngram-simple"], {}, None, 3),                                  # a GGUF not read
+    ([*DRAFT, "--spec-draft-p-min", "0.5"], {}, "llama", 3),                         # a draft cut by probability
+    (DRAFT, {"LLAMA_ARG_SPEC_DRAFT_N_MIN": "2"}, "llama", 3),                        # ... or dropped under n_min
+    (DRAFT, {}, "llama", 4),                                                         # k other than n_max
+    (["-m", "/c/dense.gguf", "--spec-type", "draft-simple", "-md", "/c/x.gguf"], {}, "llama", 3),  # not made here
 ])
-def test_no_replay_for_a_proposer_whose_drafts_the_tokens_do_not_settle(argv, env, log, k, made_here: None) -> None:
-    assert spec_rule(asked(argv, env, {}), 2048, log, k) is None
+def test_no_replay_for_a_proposer_whose_drafts_the_tokens_do_not_settle(argv, env, architecture, k,
+                                                                         made_here: None) -> None:
+    assert spec_rule(asked(argv, env, {}), 2048, architecture, k) is None
+
+
+def test_the_architecture_is_read_from_the_targets_gguf(tmp_path: Path) -> None:
+    from harness.sut.gguf_export import gguf_file
+
+    assert gguf_architecture(str(gguf_file("dense"))) == "llama"
+    (tmp_path / "x.gguf").write_bytes(b"not a gguf")
+    assert gguf_architecture(str(tmp_path / "x.gguf")) is None and gguf_architecture(str(tmp_path / "y")) is None
 
 
 def system_prompt() -> Workload:
@@ -295,7 +306,7 @@ def test_recorded_llama_server_counters_equal_the_replay_and_a_count_off_it_fail
     from tests.harness.oracles.test_accept_length import ORACLES, served_view
 
     record = json.loads((PASSES / name).read_text())
-    rule = spec_rule(asked(record["argv"], {}, {}), record["n_ctx_slot"], "", record["k"])
+    rule = spec_rule(asked(record["argv"], {}, {}), record["n_ctx_slot"], "llama", record["k"])
     assert rule is not None
     for pass_name, served in record["passes"].items():
         counted = served["counters"]
@@ -319,7 +330,7 @@ def test_the_recorded_ngram_counters_are_llama_cpps_rule_not_prompt_lookups(reco
     record = json.loads((PASSES / "ngram1_repeated_phrases.json").read_text())
     served, workload = record["passes"]["cold"], load_workload(record["workload"])
     lookup = replace(VLLM_LOOKUP, min_n=1, max_n=1, earliest=False, within_request=True, max_model_len=None)
-    for rule, want in ((spec_rule(asked(record["argv"], {}, {}), 2048, "", 6), served["counters"]),
+    for rule, want in ((spec_rule(asked(record["argv"], {}, {}), 2048, "llama", 6), served["counters"]),
                        (lookup, {"drafts": 96, "draft_tokens": 536, "accepted_tokens": 26})):
         traces = [replay_trace(r.prompt, served["outputs"][r.rid], 6, r.max_new_tokens, rule)
                   for r in workload.requests]
