@@ -95,6 +95,10 @@ class Child:
         if not isinstance(engine_args, dict) or "model" not in engine_args:
             raise ProtocolError("start: engine_args must be an object with at least 'model'")
         began = time.perf_counter()
+        # In-process engine core: a second process would double start time and memory on a small CPU box, its
+        # failures would surface here as a dead pipe instead of a traceback, and ``collective_rpc`` could not take a
+        # function. Set before vllm loads, here rather than at import: the harness imports this file's metric tables.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM  # imported here: a malformed first line is answered without vLLM's 10 s import
 
         self.llm = LLM(**{**DEFAULT_ARGS, **engine_args, **FORCED_ARGS})
@@ -308,10 +312,6 @@ def protocol_stream() -> TextIO:
 
 
 def main() -> int:
-    # In-process engine core: a second process would double start time and memory on a small CPU box,
-    # and its failures would surface here as a dead pipe instead of a traceback. Set before vllm loads
-    # (``Child.start`` imports it), here rather than at import: the harness imports this file's metric tables.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     answers = protocol_stream()
     child = Child()
     for line in sys.stdin:
