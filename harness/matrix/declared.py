@@ -19,7 +19,7 @@ from types import MappingProxyType
 from pathlib import Path
 
 from harness import oracles
-from harness.matrix.model import Expected, Tolerance, matrix_error
+from harness.matrix.model import Bound, Expected, SignatureValues, Tolerance, matrix_error
 
 DECLARED_TABLES = ("expected", "tolerances")
 _ERROR = re.compile(r"error: [A-Za-z_][A-Za-z0-9_]*")
@@ -88,19 +88,40 @@ def _text(path: Path, key: str, value: object) -> str | None:
     return value
 
 
-def _signature(path: Path, key: str, table: object, fails: list[str]) -> Mapping[str, tuple[object, ...]]:
-    """``signature``: finding field → the value (or list of values) a finding it excuses has there."""
+def _signature(path: Path, key: str, table: object, fails: list[str]) -> Mapping[str, SignatureValues]:
+    """``signature``: finding field → the value (or list of values) a finding it excuses has there, or the range
+    (``{ min = A, max = B }``) its number lies in."""
     if not isinstance(table, dict):
         raise matrix_error(path, key, f"expected a table of finding field = value(s), got {type(table).__name__}")
     if table and all(_ERROR.fullmatch(name) for name in fails):
         raise matrix_error(path, key, "an error declaration's signature is its exception type; name an oracle in fails")
-    parsed = {}
+    parsed: dict[str, SignatureValues] = {}
     for field, value in table.items():
+        if isinstance(value, dict):
+            parsed[field] = _bound(path, f"{key}.{field}", value)
+            continue
         values = value if isinstance(value, list) else [value]
         if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
             raise matrix_error(path, f"{key}.{field}", f"expected a value or a non-empty list of values, got {value!r}")
         parsed[field] = tuple(values)
     return MappingProxyType(parsed)
+
+
+def _bound(path: Path, key: str, table: dict) -> Bound:
+    """A signature's range: ``min`` and/or ``max``, finite numbers, ``min`` not above ``max``."""
+    unknown = sorted(set(table) - {"min", "max"})
+    if unknown or not table:
+        raise matrix_error(path, key, f"a range is {{ min = A, max = B }} (either end may be left out), "
+                                      f"got {'keys ' + ', '.join(unknown) if unknown else 'an empty table'}")
+    ends = {}
+    for end, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise matrix_error(path, f"{key}.{end}", f"must be a finite number, got {value!r}")
+        ends[end] = float(value)
+    bound = Bound(ends.get("min"), ends.get("max"))
+    if bound.min is not None and bound.max is not None and bound.min > bound.max:
+        raise matrix_error(path, key, f"min {bound.min} is above max {bound.max}")
+    return bound
 
 
 def _tolerance(path: Path, where: str, entry: dict, level_table: LevelTable) -> Tolerance:

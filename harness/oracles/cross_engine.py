@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from harness.oracles.view import MAX_FINDINGS, TIE_TOLERANCE, Oracle, PassView, first_divergence, verdict
+from harness.oracles.view import TIE_TOLERANCE, Oracle, PassView, first_divergence, verdict, with_ties
 from harness.results.rows import Verdict
 
 
@@ -36,14 +36,11 @@ def judge(views: Sequence[PassView]) -> Verdict:
             where = {"workload": view.workload, "request": out.rid, "step": step, "expected": want.tokens[step],
                      "got": out.tokens[step], "other_margin": round(want.margins[step], 6)}
             (ties if want.margins[step] < TIE_TOLERANCE[torch.float32] else findings).append(where)
-    result = verdict("cross_engine", findings, f"{compared} golden request(s) agree with the other engine "
+    return with_ties(verdict("cross_engine", findings, f"{compared} golden request(s) agree with the other engine "
                      f"({len(ties)} ties)",
                      lambda f: f"{len(f)} request(s) differ from the other engine's golden; first: {f[0]['workload']} "
                                f"{f[0]['request']} step {f[0]['step']}: expected {f[0]['expected']}, got {f[0]['got']}",
-                     views)
-    if ties and result.status == "pass":
-        result.detail = [{"tie": True, **t} for t in ties[:MAX_FINDINGS]]
-    return result
+                     views), ties)
 
 
 ORACLE = Oracle("cross_engine", FAILS_WHEN, judge)

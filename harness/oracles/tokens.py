@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.oracles.view import MAX_FINDINGS, Oracle, PassView, first_divergence, verdict
+from harness.oracles.view import Oracle, PassView, first_divergence, verdict, with_ties
 from harness.results.rows import Verdict
 
 #: tokens kept around a divergence (before, from it on), golden and cell alike: enough to see both
@@ -35,15 +35,12 @@ def judge(views: Sequence[PassView]) -> Verdict:
                      "window_start": start, "expected_tokens": want.tokens[start : step + TOKEN_WINDOW[1]],
                      "got_tokens": out.tokens[start : step + TOKEN_WINDOW[1]]}
             (ties if want.margins[step] < view.tie() else findings).append(where)
-    result = verdict(
+    return with_ties(verdict(
         "tokens", findings, f"all tokens equal golden ({len(ties)} ties)",
         lambda f: f"{len(f)} request(s) diverge from golden; first: {f[0]['workload']}/{f[0]['pass']} "
                   f"{f[0]['request']} step {f[0]['step']}: expected {f[0]['expected']}, got {f[0]['got']}",
         views,
-    )
-    if ties and result.status == "pass":
-        result.detail = [{"tie": True, **t} for t in ties[:MAX_FINDINGS]]
-    return result
+    ), ties)
 
 
 ORACLE = Oracle("tokens", FAILS_WHEN, judge)

@@ -9,7 +9,7 @@ oracle fails on silent damage only; an exception in the cell is an ``error`` sta
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +44,8 @@ class KnownFailure:
 
     number: int
     fails: tuple[str, ...]
-    signature: tuple[tuple[str, tuple[object, ...]], ...] = ()
+    #: finding field → the values that match, or the ``harness.matrix.model.Bound`` a number lies in
+    signature: tuple[tuple[str, Container[object]], ...] = ()
 
     def excuses(self, oracle: str, finding: Mapping[str, object]) -> bool:
         return oracle in self.fails and all(finding.get(key, _ABSENT) in values for key, values in self.signature)
@@ -126,19 +127,29 @@ class Oracle:
 def verdict(oracle: str, findings: list[dict], ok_message: str, fail_message: Callable[[list[dict]], str],
             views: Sequence[PassView] = ()) -> Verdict:
     """``fail`` with the first findings as evidence when any is left once the cell's declared known failures have
-    excused theirs (counted per declaration), else ``pass``."""
+    excused theirs (counted per declaration), else ``pass`` with the first excused findings as its evidence (each
+    naming the ``[[expected]]`` entry that excused it: what an xfail cell's declaration covered, to read and bound)."""
     known = views[0].known if views else ()
-    kept, excused = [], {}
+    kept, excused, shown = [], {}, []
     for finding in findings:
         by = next((k.number for k in known if k.excuses(oracle, finding)), None)
         if by is None:
             kept.append(finding)
         else:
             excused[by] = excused.get(by, 0) + 1
+            shown.append({"excused_by": by, **finding})
     note = "; excused as declared: " + ", ".join(f"{n} by [[expected]] #{k}" for k, n in excused.items()) if excused else ""
     if kept:
         return Verdict(oracle, "fail", fail_message(kept) + note, kept[:MAX_FINDINGS], excused)
-    return Verdict(oracle, "pass", ok_message + note, excused=excused)
+    return Verdict(oracle, "pass", ok_message + note, shown[:MAX_FINDINGS], excused)
+
+
+def with_ties(result: Verdict, ties: Sequence[dict]) -> Verdict:
+    """A passing token verdict's evidence: what its declarations excused first, then the divergences it let pass as
+    ties (each marked ``tie``), as many as a verdict shows."""
+    if ties and result.status == "pass":
+        result.detail = (result.detail + [{"tie": True, **t} for t in ties])[:MAX_FINDINGS]
+    return result
 
 
 def first_divergence(got: Sequence[object], want: Sequence[object]) -> int | None:

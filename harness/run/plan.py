@@ -97,8 +97,7 @@ def plan_cell(matrix: Matrix, cell: Cell, faults: frozenset[str]) -> CellPlan:
     cross = sut.engine(engine).cross_golden(sut.engine(engine).levels.full(levels))
     if cross is not None:
         goldens["cross_engine"] = GoldenConfig(*cross)
-    known = tuple(KnownFailure(entry.number, entry.fails, tuple((key, tuple(values)) for key, values in
-                                                                entry.signature.items()))
+    known = tuple(KnownFailure(entry.number, entry.fails, tuple(entry.signature.items()))
                   for entry in matrix.known_for(cell))
     return CellPlan(cell.cell_id, matrix.name, levels, matrix.workloads_for(cell), matrix.timeout_s, frozenset(faults),
                     engine, args, goldens, matrix.expected_for(cell), _tolerances(matrix, cell), known)

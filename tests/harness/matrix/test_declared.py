@@ -130,6 +130,12 @@ def test_compare_names_declared_failures_that_changed() -> None:
     ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "tokens"\nsignature = { got = [] }\nreason = "r"\n',
      "a non-empty list of values"),
     ('[[tolerances]]\nwhen = { scheduler = "priority" }\nlogprobs = -1\nreason = "r"\n', "must be a positive number"),
+    ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "tokens"\nsignature = { golden_margin = { below = 1 } }'
+     '\nreason = "r"\n', "signature.golden_margin: a range is { min = A, max = B }"),
+    ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "tokens"\nsignature = { golden_margin = { max = "x" } }'
+     '\nreason = "r"\n', "signature.golden_margin.max: must be a finite number"),
+    ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "tokens"\n'
+     'signature = { golden_margin = { min = 2, max = 1 } }\nreason = "r"\n', "min 2.0 is above max 1.0"),
 ])
 def test_bad_declarations_name_the_entry(tmp_path: Path, entry: str, needle: str) -> None:
     path = write_matrix(tmp_path)

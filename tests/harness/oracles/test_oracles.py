@@ -8,6 +8,7 @@ import torch
 
 from fixtures.spec_expect import Proposer
 from fixtures.workloads import CachedExpectation
+from harness.matrix.model import Bound
 from harness.oracles import judge, oracles
 from harness.oracles.accept_length import missed_bound
 from harness.oracles.tokens import TOKEN_WINDOW
@@ -401,6 +402,22 @@ def test_a_signature_on_drafted_tokens_excuses_them_alone() -> None:
     assert v.status == "fail" and [(f["request"], f["step"], f["token"]) for f in v.detail] == [("b", 1, "sampled")]
     # an engine that does not say which tokens were drafted: no finding carries the field, none is excused
     assert ORACLES["logprobs"]([view(outs, baseline(), known=(drafted,))]).excused == {}
+
+
+def test_a_range_signature_excuses_a_divergence_inside_it_and_not_past_it() -> None:
+    """A lossy level's token flips told from ties by their golden margin alone: a declaration excusing margins up to
+    a bound still fails a divergence where golden's choice was clearer than that."""
+    small = KnownFailure(1, ("tokens",), (("golden_margin", Bound(max=0.5)),))
+    outs, golden = baseline(), baseline()
+    outs[0].tokens[2] = 99
+    golden[0].margins[2] = 0.3
+    v = ORACLES["tokens"]([view(outs, golden, known=(small,))])
+    assert v.status == "pass" and v.excused == {1: 1}
+    assert [(d["excused_by"], d["request"], d["golden_margin"]) for d in v.detail] == [(1, "a", 0.3)]  # shown
+    golden[0].margins[2] = 0.7
+    v = ORACLES["tokens"]([view(outs, golden, known=(small,))])
+    assert v.status == "fail" and v.detail[0]["golden_margin"] == 0.7
+    assert 0.5 in Bound(max=0.5) and 0.2 not in Bound(min=0.25) and True not in Bound() and float("nan") not in Bound()
 
 
 def test_applied_fails_only_on_a_change_that_defeats_the_cell() -> None:
