@@ -19,7 +19,8 @@ from types import MappingProxyType
 from pathlib import Path
 
 from harness import oracles
-from harness.matrix.model import Bound, Expected, SignatureValues, Tolerance, matrix_error
+from harness.matrix.known import Bound, Expected, SignatureValues, Tolerance
+from harness.matrix.model import matrix_error
 
 DECLARED_TABLES = ("expected", "tolerances")
 _ERROR = re.compile(r"error: [A-Za-z_][A-Za-z0-9_]*")

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT, MODE, PIDS = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -93,6 +94,7 @@ class Handler(BaseHTTPRequestHandler):
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         if MODE.startswith("hang:") and completions >= n:
+            Path(PIDS + ".hanging").touch()  # a test that stops the harness mid-pass waits for this
             time.sleep(3600)
         if MODE.startswith("slow:") or MODE.startswith("late:") and completions == 1:
             time.sleep(float(MODE.partition(":")[2]))

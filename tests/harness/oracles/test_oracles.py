@@ -8,7 +8,7 @@ import torch
 
 from fixtures.spec_expect import Proposer
 from fixtures.workloads import CachedExpectation
-from harness.matrix.model import Bound
+from harness.matrix.known import Bound
 from harness.oracles import judge, oracles
 from harness.oracles.accept_length import missed_bound
 from harness.oracles.tokens import TOKEN_WINDOW

@@ -146,11 +146,19 @@ def test_ctrl_c_mid_pass_leaves_no_server(tmp_path: Path) -> None:
 
     matrix = load_matrix(str(write_matrix(tmp_path, "hang:1")))
     (cell,) = generate(matrix)
-    timer = threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
+    hanging = tmp_path / "pids.hanging"  # the stand-in's mark: it holds a request unanswered
+
+    def ctrl_c_mid_pass() -> None:  # at a fixed delay, a loaded machine's Ctrl-C could land before the pass began
+        give_up = time.monotonic() + 120
+        while not hanging.exists():
+            if time.monotonic() > give_up:
+                return
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_mid_pass, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
-    timer.cancel()
     assert alive(tmp_path) == []
 
 

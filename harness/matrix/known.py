@@ -1,0 +1,82 @@
+"""What a matrix declares it knows about its engine, as the harness holds it: known failures (``[[expected]]``, with
+the signature of the findings each excuses) and lossy levels' tolerances (``[[tolerances]]``), each with the cell
+pattern it applies to. ``harness.matrix.declared`` reads them from the file."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+def matches(when: Mapping[str, tuple[object, ...]], row: Mapping[str, object]) -> bool:
+    """Whether ``row`` (factor → level) has one of the listed levels of every factor in ``when``."""
+    return all(row[factor] in levels for factor, levels in when.items())
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """A signature's numeric range, ``{ min = A, max = B }`` (either end may be left out; both inclusive): a finding
+    whose field holds a number inside it matches. For a finding told from its neighbours by size alone, e.g. a token
+    divergence at a golden top-2 margin no larger than a lossy level explains (``golden_margin = { max = 0.45 }``)."""
+
+    min: float | None = None
+    max: float | None = None
+
+    def __contains__(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            return False
+        return (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
+
+    def to_json(self) -> dict:
+        return {key: value for key, value in (("min", self.min), ("max", self.max)) if value is not None}
+
+
+#: a signature's values for one finding field: the values that match, or the range they lie in
+SignatureValues = tuple[object, ...] | Bound
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """``[[expected]]``: a declared known failure: cells matching ``when`` fail ``fails``, for ``reason``.
+
+    ``signature`` narrows it to the findings it excuses (finding field → the values that match, e.g. ``got = 0.0``,
+    or the ``Bound`` they lie in);
+    without one it excuses every finding of the oracles it names. ``kind`` says what it is (an engine bug, or a
+    limitation of the harness), ``upstream`` where it is reported ("unreported" where nowhere), ``seen_on`` the
+    engine version it was seen on; ``number`` is its position in the file (``[[expected]] #number``).
+    """
+
+    when: Mapping[str, tuple[object, ...]]
+    fails: tuple[str, ...]
+    reason: str
+    signature: Mapping[str, SignatureValues] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    kind: str | None = None
+    upstream: str | None = None
+    seen_on: str | None = None
+    number: int = 0
+
+    def matches(self, row: Mapping[str, object]) -> bool:
+        return matches(self.when, row)
+
+    def to_json(self) -> dict:
+        out = {"number": self.number, "when": {f: list(levels) for f, levels in self.when.items()},
+               "fails": list(self.fails), "reason": self.reason}
+        if self.signature:
+            out["signature"] = {key: values.to_json() if isinstance(values, Bound) else list(values)
+                                for key, values in self.signature.items()}
+        return {**out, **{key: value for key, value in (("class", self.kind), ("upstream", self.upstream),
+                                                        ("seen_on", self.seen_on)) if value is not None}}
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerance:
+    """``[[tolerances]]``: a lossy level's declared tolerances: per-token logprob difference and the top-2 margin of a tie."""
+
+    when: Mapping[str, tuple[object, ...]]
+    logprobs: float | None
+    tie: float | None
+    reason: str
+
+    def matches(self, row: Mapping[str, object]) -> bool:
+        return matches(self.when, row)
