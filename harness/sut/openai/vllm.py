@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from harness.sut.base import Traits
 from harness.sut.openai.wire import ServerError, samples
-from harness.sut.vllm.arguments import read_back, replay_rule, whole_drafts
+from harness.sut.vllm.arguments import drops_eagle_block, read_back, replay_rule, whole_drafts
 from harness.sut.vllm.child import CONNECTOR_COUNTERS, NIXL_BYTES, connector_counters
 from harness.sut.vllm.engine import applied_traits, cache_rule
 
@@ -71,7 +71,8 @@ def applied_config(config: Mapping) -> dict[str, object]:
                 "max_num_batched_tokens": int(scheduler["max_num_batched_tokens"]),
                 "num_gpu_blocks": cache["num_gpu_blocks"], "max_model_len": int(config["model_config"]["max_model_len"]),
                 "spec_method": None if spec is None else str(spec["method"]),
-                "num_speculative_tokens": None if spec is None else int(spec["num_speculative_tokens"])}
+                "num_speculative_tokens": None if spec is None else int(spec["num_speculative_tokens"]),
+                "drops_eagle_block": spec is not None and drops_eagle_block(spec)}
     except (KeyError, TypeError, ValueError) as exc:
         raise ServerError(f"malformed response to GET {SERVER_INFO}: vllm_config lacks {exc}") from None
 
@@ -83,8 +84,9 @@ def judged_traits(traits: Traits, levels: Mapping[str, object], argv: Sequence[s
     arguments = asked(argv)
     arguments.update({name: applied[name] for name in SCHEDULED if name not in arguments})
     pressed = "num_gpu_blocks_override" in arguments
-    rule = cache_rule({"cache": levels["cache"], "spec": levels["spec"], "kv_capacity": "tight" if pressed else "roomy"})
-    judged = applied_traits(traits, read_back(arguments, applied))
+    judging = {"cache": levels["cache"], "spec": levels["spec"], "kv_capacity": "tight" if pressed else "roomy"}
+    rule = cache_rule(judging, bool(applied["drops_eagle_block"]))
+    judged = applied_traits(traits, read_back(arguments, applied), judging)
     return replace(judged, cache=replace(judged.cache, rule=rule), pressed=pressed,
                    spec=replace(judged.spec, replay=replay_rule(levels, arguments),
                                 whole_drafts=whole_drafts(arguments)))

@@ -11,6 +11,8 @@ spec, num_draft_tokens  ``speculative_config``: ngram (prompt lookup 2..4), draf
                         to one layer), eagle (an EAGLE-1 head: the dense model one token behind), self (the
                         target's own weights as its draft: every draft token is accepted, accept length
                         exactly k + 1)
+eagle_block_drop        on (vLLM's default: an EAGLE head's hit loses its last matched block), off:
+                        ``speculative_config.disable_eagle_block_drop`` (with spec = eagle only)
 scheduler               ``scheduling_policy`` (the workload's priorities are always passed)
 async_scheduling        ``async_scheduling``
 kv_cache_dtype          ``kv_cache_dtype`` (auto, fp8)
@@ -97,8 +99,9 @@ def speculative_config(levels: Mapping[str, object]) -> dict | None:
     if spec == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": VLLM_LOOKUP.min_n,
                 "prompt_lookup_max": VLLM_LOOKUP.max_n}
-    if spec == "eagle":
-        return {"method": "eagle", "model": str(checkpoint_dir("eagle")), "num_speculative_tokens": k}
+    if spec == "eagle":  # eagle_block_drop = off: vLLM's SpeculativeConfig.disable_eagle_block_drop (0.32.0, PR #53388)
+        drop = {} if levels.get("eagle_block_drop", "on") == "on" else {"disable_eagle_block_drop": True}
+        return {"method": "eagle", "model": str(checkpoint_dir("eagle")), "num_speculative_tokens": k, **drop}
     draft = levels["model"] if spec == "self" else "draft"
     return {"method": "draft_model", "model": str(checkpoint_dir(str(draft))), "num_speculative_tokens": k}
 
@@ -168,4 +171,18 @@ def read_back(arguments: Mapping[str, object], applied: Mapping[str, object]) ->
         asked, used = (spec["method"], spec["num_speculative_tokens"]), (applied.get("spec_method"),
                                                                          applied.get("num_speculative_tokens"))
         found.append(Applied("spec", asked, used, "the cell tests this proposer and vLLM ran another"))
+    if isinstance(spec, Mapping) and "drops_eagle_block" in applied:
+        found.append(Applied("eagle_block_drop", drops_eagle_block(spec), applied["drops_eagle_block"],
+                             "the cell tests vLLM's prefix cache with the EAGLE block drop as asked, and vLLM did "
+                             "the other"))
     return tuple(found)
+
+
+#: the proposers whose prefix-cache hits vLLM shortens by a block (``SpeculativeConfig.use_eagle``, 0.32.0)
+EAGLE_LIKE = ("eagle", "eagle3", "mtp", "dflash", "dspark")
+
+
+def drops_eagle_block(spec: Mapping[str, object]) -> bool:
+    """Whether vLLM drops the last matched block for ``spec`` (a ``speculative_config``), by its rule:
+    ``SpeculativeConfig.use_eagle_block_drop``, an EAGLE-like method without ``disable_eagle_block_drop``."""
+    return spec.get("method") in EAGLE_LIKE and not spec.get("disable_eagle_block_drop", False)

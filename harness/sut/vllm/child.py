@@ -200,7 +200,8 @@ def applied_config(llm: Any) -> dict:
             "max_num_seqs": int(scheduler.max_num_seqs), "max_num_batched_tokens": int(scheduler.max_num_batched_tokens),
             "num_gpu_blocks": cache.num_gpu_blocks, "max_model_len": int(config.model_config.max_model_len),
             "spec_method": None if spec is None else str(spec.method),
-            "num_speculative_tokens": None if spec is None else int(spec.num_speculative_tokens)}
+            "num_speculative_tokens": None if spec is None else int(spec.num_speculative_tokens),
+            "drops_eagle_block": spec is not None and bool(spec.use_eagle_block_drop())}
 
 
 def count_evictions(llm: Any) -> list[int] | None:

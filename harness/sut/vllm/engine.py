@@ -34,12 +34,15 @@ from reference_impl.request import RequestSpec
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def cache_rule(levels: Mapping[str, object]) -> CacheRule | None:
-    """The rule a vLLM cell's hits are judged by: a disk tier's, else one block fewer with an EAGLE proposer (vLLM
-    drops it from the prefix cache's hit, not from a connector's), then a ceiling only in a tight KV cache; None for
-    the shared paged rule."""
+def cache_rule(levels: Mapping[str, object], drops_eagle_block: bool | None = None) -> CacheRule | None:
+    """The rule a vLLM cell's hits are judged by: a disk tier's, else one block fewer where vLLM drops the last matched
+    block for an EAGLE head (``drops_eagle_block``: as read back from the engine; None: as the levels ask, spec =
+    eagle without eagle_block_drop = off; vLLM drops it from the prefix cache's hit, not a connector's), then a
+    ceiling only in a tight KV cache; None for the shared paged rule."""
+    if drops_eagle_block is None:
+        drops_eagle_block = levels["spec"] == "eagle" and levels.get("eagle_block_drop", "on") == "on"
     rule = ExampleConnectorTier() if levels["cache"] == "storage" else None
-    if levels["spec"] == "eagle" and rule is None:  # the drop is the prefix cache's; a connector's hit keeps its block
+    if drops_eagle_block and rule is None:  # the drop is the prefix cache's; a connector's hit keeps its block
         rule = EagleDropsLastBlock()
     return EvictedUnderPressure(rule or SHARED) if levels["kv_capacity"] == "tight" else rule
 
@@ -62,13 +65,16 @@ def vllm_traits(levels: Mapping[str, object], arguments: Mapping[str, object] | 
     )
 
 
-def applied_traits(traits: Traits, applied: tuple[Applied, ...]) -> Traits:
+def applied_traits(traits: Traits, applied: tuple[Applied, ...], levels: Mapping[str, object]) -> Traits:
     """``traits`` with what vLLM applied read back: its cache judged by the block size it used (vLLM raises a hybrid
-    model's attention block to hold a Mamba state's page: ``vllm/model_executor/models/config.py``)."""
+    model's attention block to hold a Mamba state's page: ``vllm/model_executor/models/config.py``) and by the EAGLE
+    block drop it applied (``levels``: the cell's, for the rest of its cache rule)."""
     used = {setting.what: setting.used for setting in applied}
     page = used.get("page_size", traits.cache.page_size)
     page = page if isinstance(page, int) else traits.cache.page_size
-    cache = replace(traits.cache, page_size=page, chunk_size=page, state_interval=page)
+    drops = used.get("eagle_block_drop")
+    rule = cache_rule(levels, drops) if isinstance(drops, bool) else traits.cache.rule
+    cache = replace(traits.cache, page_size=page, chunk_size=page, state_interval=page, rule=rule)
     return replace(traits, cache=cache, applied=applied)
 
 
@@ -113,7 +119,7 @@ class VllmEngine:
         self.blocks[alone] = blocks
         answer = child.ask({"op": "start", "engine_args": arguments})
         if not alone:  # the cell's own engine: judged by what it applied (the one-at-a-time child runs 1 on purpose)
-            self.traits = applied_traits(self.traits, read_back(arguments, field(answer, "applied", dict)))
+            self.traits = applied_traits(self.traits, read_back(arguments, field(answer, "applied", dict)), self.levels)
         return child, float(field(answer, "seconds", (int, float)))
 
     def pd_pair(self, workload: Workload) -> tuple[PdPair, float, bool]:

@@ -75,6 +75,11 @@ def test_an_eagle_server_drops_its_last_block_and_replays_its_head() -> None:
     assert isinstance(traits.spec.replay, ModelRule) and traits.spec.replay.skip == 1
     (applied,) = [a for a in traits.applied if a.what == "spec"]
     assert applied.asked == applied.used == ("eagle", 3)
+    # the drop as the server applied it: a server started with disable_eagle_block_drop keeps every matched block
+    kept = judged_traits(server_traits(SERVER, levels), levels, argv, config(spec={**spec, "disable_eagle_block_drop": True}))
+    assert kept.cache.rule is None
+    (drop,) = [a for a in kept.applied if a.what == "eagle_block_drop"]
+    assert (drop.asked, drop.used) == (True, False) and "the EAGLE block drop as asked" in drop.defeats
 
 
 def test_an_ngram_server_replays_its_lookup_where_every_draft_fits_the_budget() -> None:

@@ -37,6 +37,24 @@ def test_listed_values_lose_a_block_each_and_a_single_block_hit_becomes_none() -
     assert (got.lo, got.hi, got.values) == (0, 64, (0, 64))
 
 
+def test_eagle_block_drop_off_asks_vllm_to_keep_the_block_and_is_judged_by_what_vllm_applied() -> None:
+    """eagle_block_drop = off is vLLM's disable_eagle_block_drop: the paged rule's whole hit is expected, and the rule
+    follows the drop as read back from the engine, whichever was asked."""
+    from harness.sut.vllm.arguments import engine_arguments, read_back
+    from harness.sut.vllm.engine import applied_traits
+
+    levels = LEVELS.full({"cache": "device", "spec": "eagle", "eagle_block_drop": "off"})
+    arguments = engine_arguments(levels, {})
+    assert arguments["speculative_config"]["disable_eagle_block_drop"] is True
+    assert "disable_eagle_block_drop" not in engine_arguments({**levels, "eagle_block_drop": "on"}, {})["speculative_config"]
+    traits = vllm_traits(levels, arguments)
+    assert traits.cache.rule is None
+    applied = read_back(arguments, {"drops_eagle_block": True})  # an engine that dropped it all the same
+    (drop,) = applied
+    assert (drop.what, drop.asked, drop.used) == ("eagle_block_drop", False, True) and drop.defeats
+    assert isinstance(applied_traits(traits, applied, levels).cache.rule, EagleDropsLastBlock)
+
+
 def test_other_proposers_keep_the_paged_rule() -> None:
     for spec in ("none", "ngram", "draft", "self"):
         assert vllm_traits(LEVELS.full({"cache": "device", "spec": spec})).cache.rule is None
