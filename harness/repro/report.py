@@ -1,4 +1,4 @@
-"""A finding folder: ``repro.py`` (the engine's writer), ``report.md`` in the shape of an engine's bug template (what,
+"""A finding folder: ``repro.py`` (the engine's writer), ``REPORT.md`` in the shape of an engine's bug template (what,
 how to reproduce, expected, actual, environment, cause where known, upstream status), ``finding.json`` (the same in
 plain values), and, where the script was run at once, ``output.txt``, what it printed."""
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from harness.repro.scripts.text import environment
 from harness.results.rows import dumps, error_line
 from reference_impl.faults import FAULTS
 
-SCRIPT, REPORT, FINDING, OUTPUT = "repro.py", "report.md", "finding.json", "output.txt"
+SCRIPT, REPORT, FINDING, OUTPUT = "repro.py", "REPORT.md", "finding.json", "output.txt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +33,9 @@ class Ran:
 
 
 def run_script(writer: ScriptWriter, script: Path, timeout: float) -> Ran:
-    """Run ``script`` as its header says, with this interpreter, from its folder."""
+    """Run ``script`` as its header says, with the engine's interpreter, from its folder."""
     command = writer.command(script)
-    argv = [sys.executable, *command.argv[1:]] if command.argv[0] == "python" else list(command.argv)
+    argv = [writer.python(), *command.argv[1:]] if command.argv[0] == "python" else list(command.argv)
     done = subprocess.run(argv, cwd=script.parent, env={**os.environ, **command.env}, capture_output=True, text=True,
                           timeout=timeout)
     return Ran(done.returncode, done.stdout + done.stderr)
@@ -65,7 +64,7 @@ def _cause(repro: Reproducer) -> tuple[str, str]:
 
 
 def report_text(repro: Reproducer, writer: ScriptWriter, script: Path, ran: Ran | None) -> str:
-    """``report.md``."""
+    """``REPORT.md``."""
     toggle, check, size = repro.toggle, repro.check, repro.shrunk.after
     finding = _finding(repro)
     expected = (ran.line("expected:") if ran else "") or str(finding.get("expected", "no exception"))
@@ -95,14 +94,13 @@ def report_text(repro: Reproducer, writer: ScriptWriter, script: Path, ran: Ran 
 
 
 def write_finding(repro: Reproducer, out: Path, verify: bool = True) -> tuple[Path, Ran | None]:
-    """Write ``repro``'s folder at ``out``; run its script where the engine runs in this process and ``verify``."""
+    """Write ``repro``'s folder at ``out``; run its script where ``verify``."""
     writer = writer_for(repro.plan.engine)
     out.mkdir(parents=True, exist_ok=True)
     script = out / SCRIPT
     script.write_text(writer.script(repro, script.resolve()))
     script.chmod(0o755)
-    ran = run_script(writer, script, timeout=max(60.0, 3 * repro.plan.timeout_s)) \
-        if verify and writer.in_process else None
+    ran = run_script(writer, script, timeout=max(60.0, 3 * repro.plan.timeout_s)) if verify else None
     if ran is not None:
         (out / OUTPUT).write_text(ran.output)
     (out / REPORT).write_text(report_text(repro, writer, script.resolve(), ran))

@@ -6,8 +6,8 @@
 3. The workload shrinks while the check fails with the cell's levels and passes with the toggle (``Shrinker``):
    the interestingness test keeps the one setting the cause, so a cut that breaks the failure or the toggle's cure
    (another bug, a spurious expectation) is thrown away.
-4. The engine's writer writes ``repro.py``; ``report.md`` and ``finding.json`` go beside it; a script of an engine
-   that runs in this process is run at once, to show it exits 1.
+4. The engine's writer writes ``repro.py``; ``REPORT.md`` and ``finding.json`` go beside it; the script is run at
+   once with the engine's interpreter, to show it exits 1.
 Every run counts against one budget: the re-runs of steps 1 and 2, and each candidate of step 3.
 """
 from __future__ import annotations

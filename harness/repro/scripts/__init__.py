@@ -8,32 +8,34 @@ both settings and exits 1 while the failure shows, 0 once it does not.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.repro.finding import Reproducer, ReproError
-from harness.repro.scripts import reference
+from harness.repro.scripts import reference, vllm
 from harness.repro.scripts.text import Command
 
 
 @dataclass(frozen=True, slots=True)
 class ScriptWriter:
     """One engine's reproducer: ``script`` writes its text (the finding, the path it will have), ``command`` says how
-    it runs (the path), ``environment`` gives the engine's lines of an environment (its version, torch's), and
-    ``in_process`` says whether ``harness repro`` may run the script at once to check it (a cheap engine)."""
+    it runs (the path: ``python`` there is the engine's interpreter), ``environment`` gives the engine's lines of an
+    environment (its version, torch's), ``python`` the interpreter ``harness repro`` runs the script with to check it
+    exits 1."""
 
     engine: str
     script: Callable[[Reproducer, Path], str]
     command: Callable[[Path], Command]
     environment: Callable[[], list[str]]
-    in_process: bool = False
+    python: Callable[[], str] = lambda: sys.executable
 
 
-#: engine → its writer; the vLLM (offline API) and llama-server (HTTP) writers join here.
+#: engine → its writer; the llama-server (HTTP) writer joins here.
 WRITERS: dict[str, ScriptWriter] = {
-    "reference": ScriptWriter("reference", reference.script, reference.command, reference.engine_lines,
-                              in_process=True),
+    "reference": ScriptWriter("reference", reference.script, reference.command, reference.engine_lines),
+    "vllm": ScriptWriter("vllm", vllm.script, vllm.command, vllm.engine_lines, vllm.python),
 }
 
 

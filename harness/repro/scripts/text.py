@@ -30,15 +30,15 @@ class Command:
 
 
 def definitions(module: ModuleType) -> tuple[list[str], str]:
-    """``module``'s import lines (``from __future__`` left out) and the source of everything else it defines, its
-    docstring left out: what a script copies in."""
+    """``module``'s import lines (``from __future__`` and a sibling's, whose definitions a script copies in as well,
+    left out) and the source of everything else it defines, its docstring left out: what a script copies in."""
     source = inspect.getsource(module)
     tree = ast.parse(source)
     imports, body = [], []
     for node in tree.body:
         text = ast.get_source_segment(source, node, padded=True)
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if not (isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+            if not (isinstance(node, ast.ImportFrom) and (node.module == "__future__" or node.level)):
                 imports.append(text)
         elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
             start = node.decorator_list[0].lineno if getattr(node, "decorator_list", None) else node.lineno
@@ -54,7 +54,8 @@ def import_block(lines: set[str] | list[str]) -> str:
         if line.startswith("from "):
             module, _, given = line[len("from "):].partition(" import ")
             names.setdefault(module, set()).update(name.strip() for name in given.split(","))
-    return "\n".join([*plain, *(f"from {module} import {', '.join(sorted(names[module]))}" for module in sorted(names))])
+    froms = [f"from {module} import {', '.join(sorted(names[module]))}" for module in sorted(names)]
+    return "\n".join([*plain, *froms])
 
 
 def literal(value: object, indent: int = 0) -> str:

@@ -1,8 +1,8 @@
 """The dense checkpoint the real engines serve, rebuilt from its recipe inline: seeded, no hub, no kvmatrix import
 (torch and safetensors alone). A vLLM or llama.cpp reproducer carries these definitions, so the weights it serves are
 the very ones the cell served: ``harness.sut.checkpoints.dense_tensors`` exports the reference model's, and a test
-holds the two equal tensor by tensor. (The hybrid checkpoint's recipe, ``hybrid_tensors`` there, is plain torch
-already: a script copies it as it is.)"""
+holds the two equal tensor by tensor. The hybrid model's seeded recipe is ``harness.sut.checkpoints.hybrid_tensors``'
+own, here without the kvmatrix imports around it (a test holds the two equal too)."""
 from __future__ import annotations
 
 import json
@@ -40,6 +40,51 @@ def dense_tensors(config: dict, seed: int) -> dict[str, torch.Tensor]:
     noise = torch.randn(vocab, h, generator=gen)
     out["lm_head.weight"] = (head + 0.5 * noise) / math.sqrt(h)
     out["model.norm.weight"] = torch.ones(h)
+    return out
+
+
+def mamba2_layer(gen: torch.Generator, prefix: str, c: dict) -> dict[str, torch.Tensor]:
+    """A Mamba2 mixer under HF names; A and Δ drawn as Mamba2's own init (A in [1, 16], Δ in [1e-3, 0.1])."""
+    h, nheads, d_state = c["hidden_size"], c["mamba_n_heads"], c["mamba_d_state"]
+    d_inner = c["mamba_expand"] * h
+    conv_dim = d_inner + 2 * c["mamba_n_groups"] * d_state
+    dt = torch.exp(torch.rand(nheads, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+    return {
+        prefix + "in_proj.weight": scaled_randn(gen, 2 * d_inner + 2 * c["mamba_n_groups"] * d_state + nheads, h),
+        prefix + "conv1d.weight": scaled_randn(gen, conv_dim, 1, c["mamba_d_conv"]),
+        prefix + "conv1d.bias": torch.zeros(conv_dim),
+        prefix + "dt_bias": dt + torch.log(-torch.expm1(-dt)),  # softplus(dt_bias) = dt
+        prefix + "A_log": torch.log(1 + 15 * torch.rand(nheads, generator=gen)),
+        prefix + "D": torch.ones(nheads),
+        prefix + "norm.weight": torch.ones(d_inner),
+        prefix + "out_proj.weight": scaled_randn(gen, h, d_inner),
+    }
+
+
+def hybrid_tensors(c: dict, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded random weights for the hybrid GraniteMoeHybrid config ``c`` under HF names: attention and Mamba2
+    layers, each with a dense shared SwiGLU MLP."""
+    gen = torch.Generator().manual_seed(seed)
+    h, ffn = c["hidden_size"], c["shared_intermediate_size"]
+    kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
+    out = {
+        "model.embed_tokens.weight": torch.randn(c["vocab_size"], h, generator=gen),
+        "model.norm.weight": torch.ones(h),
+        "lm_head.weight": scaled_randn(gen, c["vocab_size"], h, gain=4.0),  # sharper logits: fewer near-ties
+    }
+    for i, kind in enumerate(c["layer_types"]):
+        prefix = f"model.layers.{i}."
+        out |= {
+            prefix + "input_layernorm.weight": torch.ones(h),
+            prefix + "post_attention_layernorm.weight": torch.ones(h),
+            prefix + "shared_mlp.input_linear.weight": scaled_randn(gen, 2 * ffn, h),  # gate and up, stacked
+            prefix + "shared_mlp.output_linear.weight": scaled_randn(gen, h, ffn),
+        }
+        if kind == "attention":
+            out |= {prefix + f"self_attn.{name}.weight": scaled_randn(gen, rows, h)
+                    for name, rows in (("q_proj", h), ("k_proj", kv), ("v_proj", kv), ("o_proj", h))}
+        else:
+            out |= mamba2_layer(gen, prefix + "mamba.", c)
     return out
 
 

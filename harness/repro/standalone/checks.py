@@ -4,8 +4,9 @@ run with the failing setting got, beside the run with the setting toggled. The s
 A run is ``{"raised": "Type: message" or None, "passes": {"cold": pass, "warm": pass}}``, a pass
 ``{"outputs": [output], "audit": [problem], "nan_events": n}``, an output ``{"rid", "tokens", "logprobs", "margins",
 "cached_tokens", "cached_host", "cached_storage", "finish_reason", "accepted", "drafted"}`` (engines that do not say
-leave a key out). ``CHECK`` (written into each script) names the oracle, its check, the passes it failed in and what
-it needs: the requested lengths, tolerances, the cached tokens the engine's rule allows.
+leave a key out); an engine that counts its verify steps instead of saying them gives a pass ``"spec": {"drafts",
+"draft_tokens", "accepted_tokens"}``. ``CHECK`` (written into each script) names the oracle, its check, the passes
+it failed in and what it needs: the requested lengths, tolerances, the cached tokens the engine's rule allows.
 """
 from __future__ import annotations
 
@@ -122,9 +123,27 @@ def mean_accept_length(outputs: list[dict]) -> float:
     return sum(a + 1 for a, _ in steps) / len(steps) if steps else 1.0
 
 
+def spec_counts(run: dict, name: str) -> str:
+    """A pass's speculative counters as a line: ``14 drafts, 28 draft tokens, 20 accepted``."""
+    counts = run["passes"][name]["spec"]
+    return f"{counts['drafts']} drafts, {counts['draft_tokens']} draft tokens, {counts['accepted_tokens']} accepted"
+
+
+def judge_spec_counts(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
+    """An engine that counts its verify steps instead of saying them per step (vLLM's metrics): each pass's drafts,
+    draft tokens and accepted tokens equal the toggled run's, whose tokens are the same (a proposer's drafts are a
+    function of the tokens, so a setting that changes no token changes no draft)."""
+    for name in check["passes"]:
+        if failing["passes"][name]["spec"] != toggled["passes"][name]["spec"]:
+            return (f"{name}: {spec_counts(toggled, name)} (the toggled run's)", spec_counts(failing, name), True)
+    return "the toggled run's speculative counters", "as expected", False
+
+
 def judge_accept_length(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """A pass's mean accept length at most k + 1 and no more than the tolerance below the toggled run's (and, warm,
-    below its own cold pass)."""
+    below its own cold pass); an engine that only counts (its passes carry ``spec``) by ``judge_spec_counts``."""
+    if all("spec" in run["passes"].get(name, {}) for run in (failing, toggled) for name in check["passes"]):
+        return judge_spec_counts(check, failing, toggled)
     most, tolerance = check["accept"]["max"], check["accept"]["tolerance"]
     for name in check["passes"]:
         got = mean_accept_length(_outputs(failing, name))
@@ -152,11 +171,13 @@ JUDGES = {"completeness": judge_completeness, "tokens": judge_tokens, "logprobs"
 
 def describe(label: str, run: dict) -> str:
     """A run, a line per request (tokens, cached tokens, how it finished) and, speculating, each pass's accept
-    length."""
+    length or counters."""
     lines = [f"{label}:" + (f" raised {run['raised']}" if run["raised"] else "")]
     for name, result in run["passes"].items():
         if any(d for out in result["outputs"] for d in out.get("drafted", [])):
             lines.append(f"  {name:4} mean accept length {mean_accept_length(result['outputs']):.4g}")
+        if result.get("spec", {}).get("drafts"):
+            lines.append(f"  {name:4} {spec_counts(run, name)}")
         for out in result["outputs"]:
             tokens = out["tokens"] if len(out["tokens"]) <= 12 else out["tokens"][:12] + ["…"]
             lines.append(f"  {name:4} {out['rid']}: {out['finish_reason']}, cached {out.get('cached_tokens', '?')}, "

@@ -1,0 +1,155 @@
+"""vLLM's reproducer script (its offline API): ``vllm.LLM`` built with the cell's engine arguments, as the harness's
+child builds it (``harness.sut.vllm.child``: its defaults and forced arguments written out), and again with the one
+setting toggled; the checkpoints rebuilt from their recipes inline, named in the arguments by their names. Run with
+vLLM's interpreter, ``python -I``: it imports vllm, torch and safetensors alone."""
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+
+from harness.repro import expect
+from harness.repro.finding import Reproducer, ReproError
+from harness.repro.scripts.text import Command, definitions, environment, import_block, literal, rounds_literal
+from harness.repro.standalone import checkpoint, checks, vllm as standalone
+from harness.sut.checkpoints import (
+    HYBRID_SEED, SERVED_DENSE, checkpoint_dir, draft_config, hybrid_config, llama_config,
+)
+from harness.sut.vllm import ENGINE, LEVELS, vllm_python
+from harness.sut.vllm.arguments import engine_arguments, tight_blocks
+from harness.sut.vllm.child import DEFAULT_ARGS, FORCED_ARGS
+from harness.sut.vllm.connectors import PD_ROLES, pd_config
+from harness.sut.vllm.pd import TIER_PAIR_ARGS
+
+#: the checkpoints a script rebuilds, by name: the config.json, the seed, and for the dense model's family the layers
+#: the seed's draw covers (the dense model's: the draft is its first layer).
+RECIPES = {
+    "dense": {"config": llama_config(SERVED_DENSE), "seed": SERVED_DENSE.seed,
+              "layers_drawn": len(SERVED_DENSE.layer_types)},
+    "draft": {"config": llama_config(draft_config()), "seed": SERVED_DENSE.seed,
+              "layers_drawn": len(SERVED_DENSE.layer_types)},
+    "hybrid": {"config": hybrid_config(), "seed": HYBRID_SEED},
+}
+#: where a storage tier's directory goes in the arguments (the script gives each setting a temporary one).
+TIER = Path("tier")
+
+
+def python() -> str:
+    """vLLM's interpreter: the one ``harness repro`` checks a script with."""
+    return str(vllm_python())
+
+
+def command(path: Path) -> Command:
+    """``python -I repro.py`` from the script's folder, ``python`` being vLLM's interpreter."""
+    return Command(("python", "-I", path.name), {})
+
+
+def engine_lines() -> list[str]:
+    """vLLM's distribution and version, and torch's, from the dist-info of vLLM's environment."""
+    site = sorted(vllm_python().parent.parent.glob("lib/python*/site-packages/torch-*.dist-info"))
+    torch = site[0].name.removesuffix(".dist-info").replace("-", " ", 1) if site else "torch (unknown version)"
+    return [ENGINE.version({}) or "vLLM (unknown version)", torch]
+
+
+def models(setting: object) -> list[str]:
+    """The checkpoints a setting's arguments name (each ``model``, a proposer's and each PD side's included)."""
+    if not isinstance(setting, dict):
+        return []
+    return [value if key == "model" else name for key, value in setting.items()
+            for name in ([value] if key == "model" else models(value))]
+
+
+def _named(value: object, names: Mapping[str, str]) -> object:
+    """``value`` (engine arguments) with each checkpoint directory replaced by the checkpoint's name."""
+    if isinstance(value, dict):
+        return {key: _named(item, names) for key, item in value.items()}
+    return names.get(value, value) if isinstance(value, str) else value
+
+
+def arguments(repro: Reproducer, levels: Mapping[str, object]) -> dict:
+    """The setting of ``levels`` on the shrunk workload: the ``vllm.LLM`` arguments the harness's child passes, or a
+    PD pair's (``{"prefill": ..., "decode": ...}``, each with its side's connector), each checkpoint by its name;
+    ``ReproError`` for a checkpoint without an inline recipe."""
+    full = LEVELS.full(levels)
+    blocks = tight_blocks(repro.shrunk.workload, full) if full["kv_capacity"] == "tight" else None
+    args = engine_arguments(full, repro.plan.engine_args, TIER if full["cache"] == "storage" else None, blocks)
+    setting = {**DEFAULT_ARGS, **args, **FORCED_ARGS}
+    if full["pd"] != "off":
+        tier = setting.pop("kv_transfer_config", None)
+        setting = {**setting, **(TIER_PAIR_ARGS if tier else {})}
+        setting = {side: {**setting, "kv_transfer_config": pd_config(str(full["pd"]), role, tier)}
+                   for side, role in zip(("prefill", "decode"), PD_ROLES)}
+    used = models(setting)
+    names = {str(checkpoint_dir(name)): name for name in RECIPES}
+    missing = sorted({names.get(path, path) for path in used if names.get(path) not in RECIPES})
+    if missing:
+        raise ReproError(f"a vLLM script rebuilds only the {', '.join(RECIPES)} checkpoints inline; this cell serves "
+                         f"{', '.join(missing)}")
+    return _named(setting, names)
+
+
+def _toggled(failing: dict, toggled: dict) -> str:
+    """``TOGGLED``'s source: ``FAILING`` with the arguments the toggle changes, adds and removes (written out whole
+    where the toggle turns a PD pair into one engine)."""
+    if ("decode" in failing) != ("decode" in toggled):
+        return literal(toggled, 10)
+    changed = {key: value for key, value in toggled.items() if failing.get(key) != value}
+    removed = [key for key in failing if key not in toggled]
+    text = f"{{**FAILING, **{literal(changed, 4)}}}" if changed else "dict(FAILING)"
+    return f"{{key: value for key, value in {text}.items() if key not in {removed!r}}}" if removed else text
+
+
+def _header(repro: Reproducer) -> str:
+    toggle, check, header = repro.toggle, repro.check, repro.header
+    prose = [
+        f"Cell {repro.row['cell_id']} of matrix {header.get('matrix', '?')} (run {header.get('run_id', '?')}), its "
+        f"workload {repro.shrunk.workload.name.removesuffix('.shrunk')} shrunk while the check still failed: "
+        f"{repro.shrunk.text()}.",
+        f"Written by: {repro.command()}",
+    ]
+    lines = [
+        f"Reproducer: {check.text()} fails with {toggle.factor}={toggle.level}, passes with {toggle.factor}="
+        f"{toggle.golden} (vLLM's offline API).", "",
+        *(wrapped for line in prose for wrapped in textwrap.wrap(line, 110, subsequent_indent="  ")), "",
+        "Environment it was written in:", *(f"  {line}" for line in environment(*engine_lines())),
+        "Run it with vLLM's interpreter (it imports vllm, torch and safetensors alone; no model download):",
+        f"  {command(Path('repro.py')).text()}",
+        "Each engine runs in a process of its own (the script run again with --engine). Exit status: 1 while",
+        "the bug is present, 0 once fixed, 2 when a run raised something the finding did not record.",
+    ]
+    return '"""' + "\n".join(lines) + '\n"""'
+
+
+def script(repro: Reproducer, path: Path) -> str:
+    """The text of ``repro``'s script, to be written at ``path``."""
+    failing, toggled = arguments(repro, repro.plan.levels), arguments(repro, repro.toggled_levels)
+    used = {*models(failing), *models(toggled)}
+    sources = [definitions(module) for module in (checks, checkpoint, standalone)]
+    imports = {"import sys", *(line for lines, _ in sources for line in lines)}
+    rounds = [[(r.rid, r.prompt, r.max_new_tokens, r.priority) for r in group]
+              for group in repro.shrunk.workload.rounds()]
+    toggle = repro.toggle
+    parts = [
+        "#!/usr/bin/env python3", _header(repro), "from __future__ import annotations", "",
+        import_block(imports), "", "",
+        "#: the checkpoints the arguments name, rebuilt from their recipes (config.json, seed, the layers drawn)",
+        f"CHECKPOINTS = {literal({name: RECIPES[name] for name in sorted(used)}, 14)}",
+        "#: the cell's vllm.LLM arguments, as the harness passed them (a model by its checkpoint's name; a PD pair:",
+        "#: each side's)",
+        f"FAILING = {literal(failing, 10)}",
+        f"#: the one toggled setting: {toggle.factor} {toggle.level} → {toggle.golden} (its golden level)",
+        f"TOGGLED = {_toggled(failing, toggled)}",
+        f"SETTING = {literal(f'{toggle.factor}={toggle.level}')}",
+        "#: the shrunk workload, served cold then warm: rounds of (request id, prompt token ids, max_new_tokens,",
+        "#: priority)",
+        f"ROUNDS = {rounds_literal(rounds)}",
+        "#: the check that fails, and what it needs (from the harness's own judgement of the failing run)",
+        f"CHECK = {literal(expect.check_spec(repro), 8)}", "", "",
+        *(f"{source}\n\n" for _, source in sources),
+        "def main():\n    if sys.argv[1:2] == [\"--engine\"]:\n        engine_main()\n        return 0\n"
+        "    print(f\"python {sys.version.split()[0]}, {engine_version()}\")\n"
+        "    runs = run_settings(CHECKPOINTS, {\"failing\": FAILING, \"toggled\": TOGGLED}, ROUNDS)\n"
+        "    return reproduce(CHECK, runs[\"failing\"], runs[\"toggled\"], SETTING)",
+        "", "", 'if __name__ == "__main__":\n    sys.exit(main())', "",
+    ]
+    return "\n".join(parts)

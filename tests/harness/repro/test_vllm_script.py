@@ -1,0 +1,51 @@
+"""The vLLM reproducer's parts that need no vLLM: the checkpoints it rebuilds are the ones the harness serves, its
+toggled arguments are the failing ones with one setting changed, and its counted accept-length check."""
+from __future__ import annotations
+
+import torch
+from safetensors.torch import load_file
+
+from harness.repro.scripts import vllm as writer
+from harness.repro.standalone import checks, vllm as standalone
+from harness.sut.checkpoints import (
+    HYBRID_SEED, SERVED_DENSE, dense_tensors, draft_tensors, hybrid_config, hybrid_tensors,
+)
+
+
+def test_the_inline_recipes_rebuild_the_checkpoints_the_harness_serves(tmp_path) -> None:
+    paths = standalone.build_checkpoints(writer.RECIPES, tmp_path)
+    for name, exported in (("dense", dense_tensors(SERVED_DENSE)), ("draft", draft_tensors()),
+                           ("hybrid", hybrid_tensors(hybrid_config(), HYBRID_SEED))):
+        rebuilt = load_file(f"{paths[name]}/model.safetensors")
+        assert rebuilt.keys() == exported.keys(), name
+        assert all(torch.equal(rebuilt[key], exported[key]) for key in exported), name
+
+
+def test_toggled_is_failing_with_the_setting_changed_added_or_removed() -> None:
+    failing = {"model": "dense", "enable_prefix_caching": True, "kv_transfer_config": {"kv_connector": "X"}}
+    toggled = {"model": "dense", "enable_prefix_caching": False}
+    source = writer._toggled(failing, toggled)
+    assert eval(source, {"FAILING": failing}) == toggled  # noqa: S307 - the script's own line
+    assert eval(writer._toggled(failing, failing), {"FAILING": failing}) == failing  # noqa: S307
+
+
+def test_arguments_resolve_to_the_rebuilt_checkpoints_and_a_tier_of_their_own() -> None:
+    arguments = {"model": "dense", "speculative_config": {"model": "draft", "num_speculative_tokens": 2},
+                 "kv_transfer_config": {"kv_connector_extra_config": {"shared_storage_path": "tier"}}}
+    resolved = standalone.resolve(arguments, {"dense": "/d", "draft": "/r"}, "/t")
+    assert resolved["model"] == "/d" and resolved["speculative_config"] == {"model": "/r", "num_speculative_tokens": 2}
+    assert resolved["kv_transfer_config"]["kv_connector_extra_config"]["shared_storage_path"] == "/t"
+
+
+def counted(drafts: int, accepted: int) -> dict:
+    one = {"outputs": [], "audit": [], "nan_events": 0,
+           "spec": {"drafts": drafts, "draft_tokens": 2 * drafts, "accepted_tokens": accepted}}
+    return {"raised": None, "passes": {"cold": one, "warm": one}}
+
+
+def test_a_counted_accept_length_is_judged_by_the_toggled_runs_counters() -> None:
+    check = {"oracle": "accept_length", "check": "replay", "passes": ["warm"], "accept": {"max": 3, "tolerance": 0.1}}
+    expected, got, present = checks.judge_accept_length(check, counted(14, 20), counted(13, 20))
+    assert present and expected == "warm: 13 drafts, 26 draft tokens, 20 accepted (the toggled run's)"
+    assert got == "14 drafts, 28 draft tokens, 20 accepted"
+    assert not checks.judge_accept_length(check, counted(13, 20), counted(13, 20))[2]
