@@ -156,6 +156,8 @@ def _replay_findings(view: PassView) -> list[dict] | None:
     requested, prompts = view.requested, view.prompts
     if counters.get("preemptions", 0):
         return None  # a preempted request is recomputed and drafts anew from there: its steps are not the replay's
+    if not view.traits.spec.replay_hits and any(o.cached_tokens for o in view.outputs):
+        return None  # the proposer drafts over matched blocks from a state the engine documents as not the request's
     if rule is None or any(
             o.finish_reason != "length" or not prompts.get(o.rid) or o.rid not in requested for o in view.outputs):
         return None  # the counters are the pass's: one request the replay cannot follow leaves none to compare

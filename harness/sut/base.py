@@ -34,6 +34,8 @@ class SpecTraits:
     replay: Proposer | None = None  # the rule the proposer drafts by, where known: its counters replayed
     whole_drafts: bool = True   # every verify step carries the whole draft; False where a step's token budget may cut
     #                             one (then the accept length is the scheduler's as much as the proposer's)
+    replay_hits: bool = True    # a pass with prefix-cache hits is replayed; False where the proposer's state over a
+    #                             matched block is by design not the request's (vLLM keeping an EAGLE head's last block)
 
     @property
     def max_accept_length(self) -> int:

@@ -55,6 +55,7 @@ def vllm_traits(levels: Mapping[str, object], arguments: Mapping[str, object] | 
         dtype=DTYPES[str(levels["dtype"])], model=f"vllm-{levels['model']}",
         hybrid=levels["model"] == "hybrid", deterministic=levels["deterministic"] == "on",
         spec=SpecTraits(method=str(levels["spec"]), k=int(levels["num_draft_tokens"]), pass_counted=True,
+                        replay_hits=replays_hits(str(levels["spec"]), levels.get("eagle_block_drop", "on") == "on"),
                         replay=replay_rule(levels, arguments) if arguments is not None else None,
                         whole_drafts=whole_drafts(arguments) if arguments is not None else True),
         # vLLM keeps a Mamba state at every block boundary (mamba_cache_mode "align"): the snapshot grid is the block
@@ -73,9 +74,21 @@ def applied_traits(traits: Traits, applied: tuple[Applied, ...], levels: Mapping
     page = used.get("page_size", traits.cache.page_size)
     page = page if isinstance(page, int) else traits.cache.page_size
     drops = used.get("eagle_block_drop")
-    rule = cache_rule(levels, drops) if isinstance(drops, bool) else traits.cache.rule
+    if not isinstance(drops, bool):
+        drops = None
+    rule = traits.cache.rule if drops is None else cache_rule(levels, drops)
     cache = replace(traits.cache, page_size=page, chunk_size=page, state_interval=page, rule=rule)
-    return replace(traits, cache=cache, applied=applied)
+    spec = traits.spec if drops is None else replace(traits.spec, replay_hits=replays_hits(traits.spec.method, drops))
+    return replace(traits, cache=cache, spec=spec, applied=applied)
+
+
+def replays_hits(spec: str, drops_eagle_block: bool) -> bool:
+    """Whether a pass with prefix-cache hits can be replayed. Not where vLLM keeps an EAGLE head's last matched block
+    (``disable_eagle_block_drop``): the head reads token j + 1 at position j, so its KV at a block's last position
+    was written with the token after the block in the request that filled it, and another request's drafts over it
+    are not the request's own. That is why vLLM drops the block (PR #17137); the option is there "for measuring the
+    acceptance-rate impact" (``SpeculativeConfig.disable_eagle_block_drop``)."""
+    return spec != "eagle" or drops_eagle_block
 
 
 class VllmEngine:

@@ -66,6 +66,23 @@ def test_drafts_and_draft_tokens_are_exact(what: str, got: int) -> None:
         REPLAYED[what], verdict.message
 
 
+#: an EAGLE cell asking vLLM to keep the last matched block
+VLLM_TRAITS_KEEPING = vllm_traits(VLLM.full({"spec": "eagle", "cache": "device", "eagle_block_drop": "off"}))
+
+
+def test_a_pass_with_hits_is_not_replayed_where_the_engine_keeps_state_that_is_not_the_requests() -> None:
+    """vLLM keeping an EAGLE head's last matched block (``disable_eagle_block_drop``): the head's KV there was written
+    with another request's next token, by design, so a pass with hits is left to the relative check; one without is
+    replayed as ever."""
+    planted = {**REPLAYED, "accepted_tokens": 4}
+    hit = counted_view(planted, replay_hits=False)
+    hit.outputs[0].cached_tokens = 32
+    verdict = ORACLES["accept_length"]([hit])
+    assert verdict.status == "pass" and "0 of 1 passes replayed" in verdict.message, verdict.message
+    assert ORACLES["accept_length"]([counted_view(planted, replay_hits=False)]).status == "fail"  # no hit: replayed
+    assert VLLM_TRAITS_KEEPING.spec.replay_hits is False and vllm_traits(VLLM.full({"spec": "eagle"})).spec.replay_hits
+
+
 def test_no_replay_without_a_known_rule_or_with_a_request_it_cannot_follow() -> None:
     planted = {**REPLAYED, "accepted_tokens": 4}
     assert ORACLES["accept_length"]([counted_view(planted, replay=None)]).status == "pass"  # no rule known

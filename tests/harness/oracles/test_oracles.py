@@ -41,7 +41,7 @@ def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None
          tolerances: dict[str, float] | None = None, accept_band: tuple[float, float] | None = None,
          known: tuple[KnownFailure, ...] = (), applied: tuple[Applied, ...] = (),
          verified: dict[str, tuple[int, ...]] | None = None, replay: Proposer | None = None,
-         pressed: bool = False, whole_drafts: bool = True) -> PassView:
+         pressed: bool = False, whole_drafts: bool = True, replay_hits: bool = True) -> PassView:
     """One pass as an oracle sees it, built from plain values: what each test changes is named, the rest is a
     sound pass of ``outputs`` against a ``golden`` equal to it. ``reference`` is what batch invariance holds the pass
     to: each request alone for the cold pass, the cold pass for a later one."""
@@ -57,7 +57,7 @@ def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None
         references["cross_engine"] = PassResult(outputs=cross_reference)
     traits = Traits(dtype=dtype, model="m", hybrid=hybrid, deterministic=deterministic,
                     spec=SpecTraits(method=spec, k=max_accept_length - 1, pass_counted=pass_counted,
-                                    replay=replay, whole_drafts=whole_drafts),
+                                    replay=replay, whole_drafts=whole_drafts, replay_hits=replay_hits),
                     cache=CacheTraits(enabled=True, page_size=page_size, chunk_size=page_size, state_interval=page_size),
                     aborts_allowed=aborts_allowed, audited=audited, applied=applied, pressed=pressed)
     got = PassResult(outputs=outputs, nan_events=nan_events or [], audit=audit or [], counters=counters or {},
