@@ -359,11 +359,11 @@ def test_cached_tokens_are_judged_by_the_block_size_vllm_applied(tmp_path: Path,
 
 @pytest.mark.vllm
 def test_the_exported_dense_model_agrees_with_the_reference_engine(tmp_path: Path, goldens: GoldenRuns) -> None:
-    """cross_engine: vLLM's golden tokens equal the reference engine's on the same weights (ties aside)."""
+    """cross_engine: vLLM's golden tokens equal the reference engine's on the same weights (ties aside), on the
+    workloads vllm_smoke does not run (its cells hold the other three to the same verdict)."""
     needs_vllm()
     path = tmp_path / "v.toml"
-    path.write_text(MATRIX.format(timeout=600, factors="").replace(
-        '["pair"]', '["system_prompt", "multi_turn", "long_prompts", "repeated_phrases", "templated"]'))
+    path.write_text(MATRIX.format(timeout=600, factors="").replace('["pair"]', '["multi_turn", "long_prompts"]'))
     matrix = load_matrix(str(path))
     (cell,) = generate(matrix)
     result = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
