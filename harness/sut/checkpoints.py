@@ -30,6 +30,8 @@ from safetensors.torch import save_file
 from reference_impl.config import DENSE32, ModelConfig
 from reference_impl.model.tiny_lm import load_model
 
+from .weights import hybrid_tensors, scaled_randn
+
 #: environment variable that moves the checkpoint cache.
 CACHE_ENV = "KVMATRIX_CHECKPOINTS"
 #: bump when a recipe changes in a way its config does not show (a new weight layout, another init).
@@ -158,11 +160,6 @@ def dense_recipe(cfg: ModelConfig = SERVED_DENSE) -> Recipe:
 
 
 # -- seeded random checkpoints ---------------------------------------------------------------------
-def _randn(gen: torch.Generator, *shape: int, gain: float = 1.0) -> torch.Tensor:
-    """Gaussian weights scaled by 1/sqrt(fan_in), so activations stay O(1) through the layers."""
-    return torch.randn(shape, generator=gen) * gain / math.sqrt(shape[-1])
-
-
 #: decoder layers of the dense model that the draft keeps
 DRAFT_LAYERS = 1
 
@@ -283,55 +280,6 @@ def hybrid_config() -> dict:
         "eos_token_id": None,
         "torch_dtype": "float32",
     }
-
-
-def _mamba2_layer(gen: torch.Generator, prefix: str, c: dict) -> dict[str, torch.Tensor]:
-    """A Mamba2 mixer under HF names; A and Δ drawn as Mamba2's own init (A in [1, 16], Δ in [1e-3, 0.1])."""
-    h, nheads, d_state = c["hidden_size"], c["mamba_n_heads"], c["mamba_d_state"]
-    d_inner = c["mamba_expand"] * h
-    conv_dim = d_inner + 2 * c["mamba_n_groups"] * d_state
-    dt = torch.exp(torch.rand(nheads, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
-    return {
-        prefix + "in_proj.weight": _randn(gen, 2 * d_inner + 2 * c["mamba_n_groups"] * d_state + nheads, h),
-        prefix + "conv1d.weight": _randn(gen, conv_dim, 1, c["mamba_d_conv"]),
-        prefix + "conv1d.bias": torch.zeros(conv_dim),
-        prefix + "dt_bias": dt + torch.log(-torch.expm1(-dt)),  # softplus(dt_bias) = dt
-        prefix + "A_log": torch.log(1 + 15 * torch.rand(nheads, generator=gen)),
-        prefix + "D": torch.ones(nheads),
-        prefix + "norm.weight": torch.ones(d_inner),
-        prefix + "out_proj.weight": _randn(gen, h, d_inner),
-    }
-
-
-def hybrid_tensors(c: dict, seed: int) -> dict[str, torch.Tensor]:
-    """Seeded random weights for ``hybrid_config()`` under HF GraniteMoeHybrid names."""
-    gen = torch.Generator().manual_seed(seed)
-    h, ffn = c["hidden_size"], c["shared_intermediate_size"]
-    head_dim = h // c["num_attention_heads"]
-    kv = c["num_key_value_heads"] * head_dim
-    out = {
-        "model.embed_tokens.weight": torch.randn(c["vocab_size"], h, generator=gen),
-        "model.norm.weight": torch.ones(h),
-        "lm_head.weight": _randn(gen, c["vocab_size"], h, gain=4.0),  # sharper logits: fewer near-ties
-    }
-    for i, kind in enumerate(c["layer_types"]):
-        prefix = f"model.layers.{i}."
-        out |= {
-            prefix + "input_layernorm.weight": torch.ones(h),
-            prefix + "post_attention_layernorm.weight": torch.ones(h),
-            prefix + "shared_mlp.input_linear.weight": _randn(gen, 2 * ffn, h),  # gate and up, stacked
-            prefix + "shared_mlp.output_linear.weight": _randn(gen, h, ffn),
-        }
-        if kind == "attention":
-            out |= {
-                prefix + "self_attn.q_proj.weight": _randn(gen, h, h),
-                prefix + "self_attn.k_proj.weight": _randn(gen, kv, h),
-                prefix + "self_attn.v_proj.weight": _randn(gen, kv, h),
-                prefix + "self_attn.o_proj.weight": _randn(gen, h, h),
-            }
-        else:
-            out |= _mamba2_layer(gen, prefix + "mamba.", c)
-    return out
 
 
 def hybrid_recipe() -> Recipe:

@@ -11,7 +11,8 @@ from pathlib import Path
 from harness.repro import expect
 from harness.repro.finding import Reproducer, ReproError
 from harness.repro.scripts.text import Command, definitions, environment, import_block, literal, rounds_literal
-from harness.repro.standalone import checkpoint, checks, vllm as standalone
+from harness.repro.standalone import checks, vllm as standalone
+from harness.sut import weights
 from harness.sut.checkpoints import (
     HYBRID_SEED, SERVED_DENSE, checkpoint_dir, draft_config, hybrid_config, llama_config,
 )
@@ -124,7 +125,7 @@ def script(repro: Reproducer, path: Path) -> str:
     """The text of ``repro``'s script, to be written at ``path``."""
     failing, toggled = arguments(repro, repro.plan.levels), arguments(repro, repro.toggled_levels)
     used = {*models(failing), *models(toggled)}
-    sources = [definitions(module) for module in (checks, checkpoint, standalone)]
+    sources = [definitions(module) for module in (checks, weights, standalone)]
     imports = {"import sys", *(line for lines, _ in sources for line in lines)}
     rounds = [[(r.rid, r.prompt, r.max_new_tokens, r.priority) for r in group]
               for group in repro.shrunk.workload.rounds()]

@@ -3,7 +3,7 @@ engines in processes of their own (the script run again with ``--engine``, answe
 harness runs one vLLM child per engine: one engine's state or crash (a SIGILL) never reaches another run. A setting
 is one engine's ``vllm.LLM`` arguments, or a PD pair's (``{"prefill": ..., "decode": ...}``, NIXL over loopback),
 each round prefilled on one, handed over as vLLM's toy proxy hands it, and decoded on the other. Imports vllm (in an
-engine's process alone), torch and safetensors (``checkpoint``'s), the standard library."""
+engine's process alone), torch and safetensors (``harness.sut.weights``'), the standard library."""
 from __future__ import annotations
 
 import json
@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-# a script carries checkpoint's definitions beside these
-from .checkpoint import dense_tensors, hybrid_tensors, write_checkpoint
+# a script carries weights' definitions beside these
+from ...sut.weights import dense_tensors, hybrid_tensors, write_checkpoint
 
 #: vLLM's speculative counters (``LLM.get_metrics()``), by the key a pass gives them.
 SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",

@@ -7,7 +7,8 @@ import inspect
 
 import pytest
 
-from harness.repro.standalone import checkpoint, checks, reference, vllm
+from harness.repro.standalone import checks, reference, vllm
+from harness.sut import weights
 
 
 def output(rid: str, tokens: list[int], **extra) -> dict:
@@ -74,7 +75,7 @@ def test_every_oracle_a_script_judges_has_a_check() -> None:
 
 
 @pytest.mark.parametrize("module, allowed", [(checks, set()), (reference, {"reference_impl"}),
-                                             (checkpoint, {"torch", "safetensors", "json", "pathlib"}),
+                                             (weights, {"torch", "safetensors", "json", "pathlib"}),
                                              (vllm, {"vllm", "json", "os", "signal", "socket", "subprocess", "sys",
                                                      "tempfile", "pathlib", "importlib"})])
 def test_the_standalone_code_imports_nothing_of_kvmatrix(module, allowed: set[str]) -> None:
@@ -96,8 +97,8 @@ def test_the_inline_dense_recipe_is_the_checkpoint_the_engines_serve(tmp_path) -
     from harness.sut.checkpoints import SERVED_DENSE, dense_tensors, llama_config
 
     config = llama_config(SERVED_DENSE)
-    inline, exported = checkpoint.dense_tensors(config, SERVED_DENSE.seed), dense_tensors(SERVED_DENSE)
+    inline, exported = weights.dense_tensors(config, SERVED_DENSE.seed), dense_tensors(SERVED_DENSE)
     assert inline.keys() == exported.keys()
     assert all(torch.equal(inline[name], exported[name]) for name in exported)
-    written = load_file(f"{checkpoint.write_checkpoint(tmp_path / 'dense', config, inline)}/model.safetensors")
+    written = load_file(f"{weights.write_checkpoint(tmp_path / 'dense', config, inline)}/model.safetensors")
     assert all(torch.equal(written[name], exported[name]) for name in exported)

@@ -1,8 +1,8 @@
-"""The dense checkpoint the real engines serve, rebuilt from its recipe inline: seeded, no hub, no kvmatrix import
-(torch and safetensors alone). A vLLM or llama.cpp reproducer carries these definitions, so the weights it serves are
-the very ones the cell served: ``harness.sut.checkpoints.dense_tensors`` exports the reference model's, and a test
-holds the two equal tensor by tensor. The hybrid model's seeded recipe is ``harness.sut.checkpoints.hybrid_tensors``'
-own, here without the kvmatrix imports around it (a test holds the two equal too)."""
+"""Checkpoint weights drawn from a seed with torch and safetensors alone (no kvmatrix import), so that a reproducer
+script carries these very definitions (``harness.repro.scripts`` copies them in) and serves the weights the cell
+served. The hybrid model's recipe is this module's own (``harness.sut.checkpoints`` builds from it); the dense one
+mirrors ``harness.sut.checkpoints.dense_tensors``, which exports the reference model's, and a test holds the two
+equal tensor by tensor."""
 from __future__ import annotations
 
 import json
