@@ -50,9 +50,10 @@ def render(template: str, css: str, css_name: str = CSS_NAME, **context: object)
     return _ENV.get_template(template).render(css=css, csp=csp(css), css_name=css_name, **context)
 
 
-def index_page(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = ()) -> tuple[str, str]:
-    """index.html and its stylesheet for a run's rows."""
-    context = index_context(rows, summary, probes)
+def index_page(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = (),
+               report_dir: str = "DIR") -> tuple[str, str]:
+    """index.html and its stylesheet for a run's rows, written to ``report_dir``."""
+    context = index_context(rows, summary, probes, report_dir)
     css = base_css() + filter_css(context["factors"], context["levels"], context["oracles"])
     return render("index.html", css, **context), css
 
@@ -60,7 +61,7 @@ def index_page(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mappi
 def write_report(directory: Path, rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = ()) -> None:
     """index.html and report.css into ``directory`` (a ``Render`` for ``harness.results.store.ResultsStore``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    page, css = index_page(rows, summary, probes)
+    page, css = index_page(rows, summary, probes, str(directory))
     write_atomic(directory / CSS_NAME, css)
     write_atomic(directory / INDEX, page)
 

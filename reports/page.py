@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from harness.results.locate import analyze, error_class
-from harness.results.header import reproduce_command
+from harness.results.header import REPRO_STATUSES, repro_command, reproduce_command
 from harness.results.rows import as_float, dumps, error_line
 from reports import evidence
 from reports.grid import grid
@@ -61,10 +61,17 @@ def row_ids(cell_ids: Sequence[str]) -> dict[str, str]:
     return {cell_id: f"r{i}" for i, cell_id in enumerate(cell_ids)}
 
 
-def cell_evidence(row: Mapping, header: Mapping, anchor: str, row_id: str) -> dict:
-    """One failing cell: its anchor, reproduce command, each failing oracle's evidence view, the raw JSON."""
+def repro_line(row: Mapping, report_dir: str) -> str | None:
+    """The ``harness repro`` command of a cell it writes a reproducer for (failed, raised, failed as declared)."""
+    return repro_command(report_dir, row["cell_id"]) if row["status"] in REPRO_STATUSES else None
+
+
+def cell_evidence(row: Mapping, header: Mapping, anchor: str, row_id: str, report_dir: str) -> dict:
+    """One failing cell: its anchor, the commands that rerun it and reproduce it standalone, each failing oracle's
+    evidence view, the raw JSON."""
     return {
         "row": row, "anchor": anchor, "row_id": row_id, "reproduce": reproduce_command(header, row["cell_id"]),
+        "repro": repro_line(row, report_dir),
         "oracles": [{"name": n, "message": row["oracles"][n].get("message", ""),
                      "view": evidence.views(n, row["oracles"][n].get("detail", []))} for n in failing_oracles(row)],
         "raw": dumps(row, indent=1),
@@ -72,7 +79,7 @@ def cell_evidence(row: Mapping, header: Mapping, anchor: str, row_id: str) -> di
 
 
 def groups(rows: Sequence[Mapping], runs: Mapping[str, Mapping], ids: Mapping[str, str],
-           table: Mapping[str, str]) -> list[dict]:
+           table: Mapping[str, str], report_dir: str) -> list[dict]:
     """Failing cells grouped by signature, largest group first; the first cell of each shows the full evidence."""
     by_sig: dict[tuple, list[Mapping]] = {}
     for row in rows:
@@ -84,9 +91,10 @@ def groups(rows: Sequence[Mapping], runs: Mapping[str, Mapping], ids: Mapping[st
         out.append({
             "status": sig[0], "oracles": [n for n, _ in sig[1]], "error": sig[2], "size": len(members),
             "expected": first.get("expected"),
-            "representative": cell_evidence(first, _header_of(first, runs), ids[first["cell_id"]], table[first["cell_id"]]),
-            "members": [{"row": m, "anchor": ids[m["cell_id"]], "reproduce": reproduce_command(_header_of(m, runs), m["cell_id"])}
-                        for m in members[1:]],
+            "representative": cell_evidence(first, _header_of(first, runs), ids[first["cell_id"]], table[first["cell_id"]],
+                                            report_dir),
+            "members": [{"row": m, "anchor": ids[m["cell_id"]], "reproduce": reproduce_command(_header_of(m, runs), m["cell_id"]),
+                         "repro": repro_line(m, report_dir)} for m in members[1:]],
         })
     return out
 
@@ -150,8 +158,10 @@ def filter_css(factors: Sequence[str], levels: Mapping[str, list], oracles: Sequ
     return "\n".join(rules) + "\n"
 
 
-def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = ()) -> dict:
-    """Everything the index template draws."""
+def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = (),
+                  report_dir: str = "DIR") -> dict:
+    """Everything the index template draws; ``report_dir`` is where the page and its results.jsonl lie (the
+    directory ``harness repro`` reads)."""
     runs = {r["run_id"]: r for r in summary.get("runs", []) if isinstance(r, Mapping) and "run_id" in r}
     factors: list[str] = list(dict.fromkeys(f for r in rows for f in r["factors"]))
     levels = {f: list(dict.fromkeys(r["factors"][f] for r in rows if f in r["factors"])) for f in factors}
@@ -161,7 +171,7 @@ def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Ma
     classes = analyze(rows, probes)
     return {
         "summary": summary, "runs": list(runs.values()), "header_fields": HEADER_FIELDS, "classes": classes,
-        "shown_findings": SHOWN_FINDINGS, "open_table_limit": OPEN_TABLE_LIMIT, "grid": grid(rows), "groups": groups(rows, runs, ids, table), "ids": ids, "rows_ids": table,
+        "shown_findings": SHOWN_FINDINGS, "open_table_limit": OPEN_TABLE_LIMIT, "grid": grid(rows), "groups": groups(rows, runs, ids, table, report_dir), "ids": ids, "rows_ids": table,
         "probes": probes, "probes_run": sum(not (p.get("probe") or {}).get("reused") for p in probes), "factors": factors, "levels": levels, "oracles": oracles,
         "cells": cell_rows(rows, factors, levels, oracles, ids, table), "declared": declared(rows),
     }

@@ -181,3 +181,13 @@ def reproduce_command(header: Mapping[str, object], cell_id: str, report_dir: st
               "inject_fault": header.get("faults") or []}
     return shlex.join(["python", "-m", "harness", "run", *option_arguments(values), "--cell", cell_id,
                        "--report-dir", report_dir])
+
+
+#: the statuses ``harness repro`` writes a reproducer for (its ``REPRODUCIBLE``): a cell that failed, raised or failed
+#: as declared.
+REPRO_STATUSES = ("fail", "error", "xfail")
+
+
+def repro_command(report_dir: str, cell_id: str) -> str:
+    """The ``harness repro`` line that shrinks one cell of the run in ``report_dir`` into a standalone script."""
+    return shlex.join(["python", "-m", "harness", "repro", report_dir, "--cell", cell_id])

@@ -168,3 +168,18 @@ def test_engine_findings_and_harness_limitations_are_listed_apart(sample: list[d
     rows[2]["expected"] = {"when": [], "fails": [], "reason": "", "declarations": [untriaged]}
     html = page(rows)
     assert "Not yet triaged" in html and "upstream: not stated" in html
+
+
+def test_each_failing_or_xfail_cell_shows_its_repro_command(sample: list[dict]) -> None:
+    """A cell ``harness repro`` writes a script for (fail, error, xfail) shows the command with the report's directory;
+    an xpass or passing cell shows none."""
+    rows = copy.deepcopy(sample[:40])
+    failing = [row for row in rows if row["status"] in ("fail", "error")]
+    assert failing
+    rows[0]["status"], xpass = "xfail", next(row for row in rows[1:] if row["status"] == "pass")
+    xpass["status"] = "xpass"
+    html = index_page(rows, summarize(rows, [report_rows.header()], len(rows)), report_dir="reports/run 1")[0]
+    shown = set(re.findall(r"python -m harness repro &#39;reports/run 1&#39; --cell ([^<\s]+)</code>", html))
+    assert {rows[0]["cell_id"], *(row["cell_id"] for row in failing)} <= shown
+    assert xpass["cell_id"] not in shown
+    assert not shown - {row["cell_id"] for row in rows if row["status"] in ("fail", "error", "xfail")}
