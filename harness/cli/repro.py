@@ -28,7 +28,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
         return 2
     run = reopen(data, args.dir, args.device)
     try:
-        writer_for(run.matrix.engine)
+        writer_for(run.matrix.engine, run.matrix.engine_args)
     except ReproError as exc:
         raise TriageInputError(str(exc)) from None
     try:

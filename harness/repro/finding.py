@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import sut
 from harness.matrix.model import Matrix
 from harness.repro.shrink import Shrunk
 from harness.repro.trial import Check, Outcome
@@ -126,9 +127,10 @@ class Reproducer:
 
     @property
     def slug(self) -> str:
-        """The finding's folder name: ``reference-completeness-scheduler-priority``."""
+        """The finding's folder name: ``reference-completeness-scheduler-priority`` (a server's: by its ``api``)."""
         what = self.check.check if self.check.oracle == "error" else self.check.text()
-        parts = [self.plan.engine, what, self.toggle.factor, str(self.toggle.level)]
+        engine = sut.engine(self.plan.engine).program_name(self.plan.engine_args)
+        parts = [engine, what, self.toggle.factor, str(self.toggle.level)]
         return re.sub(r"[^A-Za-z0-9]+", "-", "-".join(parts)).strip("-").lower()
 
     def command(self) -> str:

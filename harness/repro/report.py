@@ -95,7 +95,7 @@ def report_text(repro: Reproducer, writer: ScriptWriter, script: Path, ran: Ran 
 
 def write_finding(repro: Reproducer, out: Path, verify: bool = True) -> tuple[Path, Ran | None]:
     """Write ``repro``'s folder at ``out``; run its script where ``verify``."""
-    writer = writer_for(repro.plan.engine)
+    writer = writer_for(repro.plan.engine, repro.plan.engine_args)
     out.mkdir(parents=True, exist_ok=True)
     script = out / SCRIPT
     script.write_text(writer.script(repro, script.resolve()))

@@ -108,7 +108,7 @@ def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping]
     within ``budget`` runs; raises ``ReproError`` when it does not reproduce or no toggle cures it."""
     row = pick_row(rows, cell_id)
     check = pick_check(row, oracle)
-    writer_for(run.matrix.engine)  # before any run: an engine without a script writer is refused at once
+    writer_for(run.matrix.engine, run.matrix.engine_args)  # before any run: an engine without a script writer is refused at once
     if check.oracle not in JUDGES:
         raise ReproError(f"cell {row['cell_id']}: a script cannot judge {check.oracle} yet (it judges "
                          f"{', '.join(JUDGES)}); --oracle NAME picks another failing oracle")

@@ -189,6 +189,11 @@ def no_version(engine_args: Mapping[str, object]) -> str | None:
     return None
 
 
+def no_program(engine_args: Mapping[str, object]) -> str | None:
+    """An engine whose cells run the engine itself."""
+    return None
+
+
 def no_cross_golden(levels: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
     """An engine no other engine serves the same function as."""
     return None
@@ -216,7 +221,13 @@ class Engine:
     #: the version of what it drives, read without starting it (the run header records it; ``--resume`` refuses
     #: to mix rows of two versions)
     version: Callable[[Mapping[str, object]], str | None] = no_version
+    #: the program its cells run, by name, where that is not the engine itself (a server: its wire format)
+    program: Callable[[Mapping[str, object]], str | None] = no_program
 
     @property
     def name(self) -> str:
         return self.levels.name
+
+    def program_name(self, engine_args: Mapping[str, object]) -> str:
+        """What a cell with ``engine_args`` runs: a reproducer's writer and a finding's name go by it."""
+        return self.program(engine_args) or self.name

@@ -3,6 +3,7 @@ version the project pins, and says so when an upgrade fixed it; a script against
 exits 0, as it will once the engine is fixed."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -10,15 +11,28 @@ from pathlib import Path
 
 import pytest
 
+from harness.sut.openai.launch import llama_server_path
 from harness.sut.vllm import vllm_python
 from tests.binaries import required_path
 
 ROOT = Path(__file__).resolve().parents[2]
 #: each vLLM finding's script (a finding without one says in its REPORT.md why none fails)
 VLLM_SCRIPTS = sorted(ROOT.glob("findings/vllm-*/repro.py"))
-#: a vLLM finding's script runs in well under this (BENCHMARKS.md, "vLLM reproducers")
+#: each llama.cpp finding's script (run with this project's interpreter: it has torch and gguf)
+LLAMACPP_SCRIPTS = sorted(ROOT.glob("findings/llamacpp-*/repro.py"))
+#: a finding's script runs in well under this (BENCHMARKS.md, "vLLM reproducers", "llama.cpp reproducers")
 TIMEOUT_S = 300
 STAND_IN = Path(__file__).with_name("stand_in")
+
+
+def still_shows(done: subprocess.CompletedProcess, script: Path, engine: str, matrix: str) -> None:
+    """A script run on the pinned engine exits 1 with its bug; exit 0 says the engine fixed it."""
+    tail = (done.stdout + done.stderr)[-3000:]
+    if done.returncode == 0:
+        pytest.fail(f"{script.parent.name} is fixed by this {engine} version: remove or update findings/"
+                    f"{script.parent.name} and its [[expected]] entry in {matrix}\n{tail}")
+    assert done.returncode == 1, f"{script.parent.name}: exit {done.returncode}, not the bug\n{tail}"
+    assert "BUG PRESENT" in done.stdout
 
 
 @pytest.mark.vllm
@@ -28,12 +42,16 @@ def test_the_vllm_finding_still_shows(script: Path) -> None:
     python = required_path(vllm_python(), "vllm-env")
     done = subprocess.run([str(python), "-I", script.name], cwd=script.parent, capture_output=True, text=True,
                           timeout=TIMEOUT_S)
-    tail = (done.stdout + done.stderr)[-3000:]
-    if done.returncode == 0:
-        pytest.fail(f"{script.parent.name} is fixed by this vLLM version: remove or update findings/"
-                    f"{script.parent.name} and its [[expected]] entry in matrices/vllm.toml\n{tail}")
-    assert done.returncode == 1, f"{script.parent.name}: exit {done.returncode}, not the bug\n{tail}"
-    assert "BUG PRESENT" in done.stdout
+    still_shows(done, script, "vLLM", "matrices/vllm.toml")
+
+
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("script", LLAMACPP_SCRIPTS, ids=lambda path: path.parent.name)
+def test_the_llamacpp_finding_still_shows(script: Path) -> None:
+    binary = required_path(llama_server_path(), "llama-server")
+    done = subprocess.run([sys.executable, "-I", script.name], cwd=script.parent, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, env={**os.environ, "LLAMA_SERVER": str(binary)})
+    still_shows(done, script, "llama.cpp", "matrices/llamacpp.toml")
 
 
 @pytest.mark.parametrize("script", VLLM_SCRIPTS, ids=lambda path: path.parent.name)
@@ -42,5 +60,15 @@ def test_a_vllm_script_exits_zero_on_an_engine_without_the_bug(script: Path, tmp
     path = f"{STAND_IN}:{sysconfig.get_paths()['purelib']}"
     done = subprocess.run([sys.executable, "-S", str(script)], cwd=tmp_path, env={"PYTHONPATH": path},
                           capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "FIXED" in done.stdout
+
+
+@pytest.mark.parametrize("script", LLAMACPP_SCRIPTS, ids=lambda path: path.parent.name)
+def test_a_llamacpp_script_exits_zero_on_a_server_without_the_bug(script: Path, tmp_path: Path) -> None:
+    """The stand-in (``stand_in/bin/llama-server``, found on PATH) answers both launches alike."""
+    env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": f"{STAND_IN / 'bin'}:{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, "-S", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "FIXED" in done.stdout

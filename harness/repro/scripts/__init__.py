@@ -9,12 +9,13 @@ both settings and exits 1 while the failure shows, 0 once it does not.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import sut
 from harness.repro.finding import Reproducer, ReproError
-from harness.repro.scripts import reference, vllm
+from harness.repro.scripts import llamacpp, reference, vllm
 from harness.repro.scripts.text import Command
 
 
@@ -32,15 +33,19 @@ class ScriptWriter:
     python: Callable[[], str] = lambda: sys.executable
 
 
-#: engine → its writer; the llama-server (HTTP) writer joins here.
+#: engine → its writer (a server, ``engine = "openai"``, by its wire format: ``[server] api``).
 WRITERS: dict[str, ScriptWriter] = {
     "reference": ScriptWriter("reference", reference.script, reference.command, reference.engine_lines),
     "vllm": ScriptWriter("vllm", vllm.script, vllm.command, vllm.engine_lines, vllm.python),
+    "llamacpp": ScriptWriter("llamacpp", llamacpp.script, llamacpp.command, llamacpp.engine_lines, llamacpp.python),
 }
 
 
-def writer_for(engine: str) -> ScriptWriter:
-    """The writer of ``engine``'s scripts; ``ReproError`` naming the engines that have one."""
-    if engine not in WRITERS:
-        raise ReproError(f"engine {engine!r}: no reproducer script writer yet (engines with one: {', '.join(WRITERS)})")
-    return WRITERS[engine]
+def writer_for(engine: str, engine_args: Mapping[str, object]) -> ScriptWriter:
+    """The writer of the scripts of what ``engine``'s cells run (a server's by its wire format); ``ReproError``
+    naming those that have one."""
+    program = sut.engine(engine).program_name(engine_args)
+    if program not in WRITERS:
+        raise ReproError(f"{program} (engine {engine!r}): no reproducer script writer yet (writers: "
+                         f"{', '.join(WRITERS)})")
+    return WRITERS[program]

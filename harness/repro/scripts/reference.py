@@ -4,15 +4,15 @@ engine bug, and the one toggled field as ``replace(FAILING, …)``."""
 from __future__ import annotations
 
 import dataclasses
-import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from harness.repro import expect
 from harness.repro.finding import Reproducer
-from harness.repro.scripts.text import Command, definitions, environment, import_block, literal, rounds_literal
+from harness.repro.scripts.text import (
+    Command, assemble, definitions, docstring, literal, toggle_comment, workload_and_check,
+)
 from harness.repro.standalone import checks, reference as standalone
 from harness.results.header import git_commit
 from harness.sut.reference import LEVELS
@@ -85,61 +85,29 @@ def engine_lines() -> list[str]:
     return [f"reference_impl of kvmatrix {git_commit(ROOT) or 'unknown commit'}", f"torch {torch.__version__}"]
 
 
-def _header(repro: Reproducer, path: Path) -> str:
-    toggle, check, header = repro.toggle, repro.check, repro.header
-    planted = "; ".join(f"{name}: {FAULTS[name].incident}" for name in sorted(repro.plan.faults) if name in FAULTS)
-    prose = [
-        f"Cell {repro.row['cell_id']} of matrix {header.get('matrix', '?')} (run {header.get('run_id', '?')}), its "
-        f"workload {repro.shrunk.workload.name.removesuffix('.shrunk')} shrunk while the check still failed: "
-        f"{repro.shrunk.text()}.",
-        f"The engine bug: the fault planted in reference_impl ({planted or 'none'}).",
-        f"Written by: {repro.command()}",
-    ]
-    lines = [
-        f"Reproducer: {check.text()} fails with {toggle.factor}={toggle.level}, passes with {toggle.factor}="
-        f"{toggle.golden} (kvmatrix's reference engine).", "",
-        *(wrapped for line in prose for wrapped in textwrap.wrap(line, 110, subsequent_indent="  ")), "",
-        "Environment it was written in:", *(f"  {line}" for line in environment(*engine_lines())),
-        "Run it (it imports reference_impl and torch alone; kvmatrix's harness is not needed):",
-        f"  {command(path).text()}",
-        "Exit status: 1 while the bug is present, 0 once fixed, 2 when a run raised something the finding did not",
-        "record.",
-    ]
-    return '"""' + "\n".join(lines) + '\n"""'
-
-
 def script(repro: Reproducer, path: Path) -> str:
     """The text of ``repro``'s script, to be written at ``path``."""
     imports = {"import sys", "import torch", "from dataclasses import replace",
                "from reference_impl.config import EngineConfig", "from reference_impl.faults import FAULTS"}
     fields, swaps = _configs(repro, imports)
-    check_imports, check_source = definitions(checks)
-    serve_imports, serve_source = definitions(standalone)
-    imports.update(check_imports + serve_imports)
-    rounds = [[(r.rid, r.prompt, r.max_new_tokens, r.priority) for r in group]
-              for group in repro.shrunk.workload.rounds()]
-    toggle = repro.toggle
+    sources = [definitions(module) for module in (checks, standalone)]
+    imports.update(line for lines, _ in sources for line in lines)
     planted = sorted(repro.plan.faults)
-    parts = [
-        "#!/usr/bin/env python3", _header(repro, path), "from __future__ import annotations", "",
-        import_block(imports), "", "",
+    incidents = "; ".join(f"{name}: {FAULTS[name].incident}" for name in planted if name in FAULTS)
+    doc = docstring(repro, "kvmatrix's reference engine",
+                    [f"The engine bug: the fault planted in reference_impl ({incidents or 'none'})."], engine_lines(),
+                    ["Run it (it imports reference_impl and torch alone; kvmatrix's harness is not needed):",
+                     f"  {command(path).text()}"])
+    constants = [
         "#: the engine bug: kvmatrix's reference engine carries each bug it models as a fault, planted by name; a",
         "#: reference_impl that no longer carries it (fixed) plants nothing here.",
         f"PLANTED = frozenset(name for name in {literal(planted)} if name in FAULTS)",
         f"#: the cell's levels, as the engine configuration the harness built for it ({repro.device})",
         f"FAILING = EngineConfig(\n    {fields},\n)",
-        f"#: the one toggled setting: {toggle.factor} {toggle.level} → {toggle.golden} (its golden level)",
+        toggle_comment(repro),
         f"TOGGLED = replace(FAILING, {swaps})",
-        f"SETTING = {literal(f'{toggle.factor}={toggle.level}')}",
-        "#: the shrunk workload, served cold then warm: rounds of (request id, prompt token ids, max_new_tokens,",
-        "#: priority)",
-        f"ROUNDS = {rounds_literal(rounds)}",
-        "#: the check that fails, and what it needs (from the harness's own judgement of the failing run)",
-        f"CHECK = {literal(expect.check_spec(repro), 8)}", "", "",
-        check_source, "", "", serve_source, "", "",
-        "def main():\n    print(f\"python {sys.version.split()[0]}, torch {torch.__version__}\")\n"
-        "    return reproduce(CHECK, serve(FAILING, ROUNDS), serve(TOGGLED, ROUNDS), SETTING)",
-        "", "", 'if __name__ == "__main__":\n    sys.exit(main())', "",
+        *workload_and_check(repro),
     ]
-    return "\n".join(parts)
-
+    main = ("def main():\n    print(f\"python {sys.version.split()[0]}, torch {torch.__version__}\")\n"
+            "    return reproduce(CHECK, serve(FAILING, ROUNDS), serve(TOGGLED, ROUNDS), SETTING)")
+    return assemble(doc, imports, constants, [source for _, source in sources], main)

@@ -7,10 +7,14 @@ import inspect
 import platform
 import pprint
 import shlex
-from collections.abc import Mapping
+import textwrap
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+
+from harness.repro import expect
+from harness.repro.finding import Reproducer
 
 #: CPU flags an engine's kernels choose their path by (the header names those the machine has).
 CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
@@ -91,3 +95,56 @@ def environment(*engine: str) -> list[str]:
     """The lines of a header's environment: the engine's own (``engine``), python, the platform and CPU flags."""
     return [*engine, f"python {platform.python_version()}", f"platform {platform.platform()}",
             f"CPU {platform.machine()}, flags: {cpu_flags()}"]
+
+
+#: how every script ends its docstring.
+EXIT_LINES = ("Exit status: 1 while the bug is present, 0 once fixed, 2 when a run raised something the finding did",
+              "not record.")
+
+
+def docstring(repro: Reproducer, engine: str, notes: Sequence[str], engine_lines: Sequence[str],
+              run: Sequence[str]) -> str:
+    """A script's docstring: what fails with which setting on ``engine``, the cell it came from and its shrink (then
+    ``notes``), the environment it was written in (``engine_lines`` first), how to run it (``run``), its exits."""
+    toggle, check, header = repro.toggle, repro.check, repro.header
+    prose = [
+        f"Cell {repro.row['cell_id']} of matrix {header.get('matrix', '?')} (run {header.get('run_id', '?')}), its "
+        f"workload {repro.shrunk.workload.name.removesuffix('.shrunk')} shrunk while the check still failed: "
+        f"{repro.shrunk.text()}.", *notes,
+        f"Written by: {repro.command()}",
+    ]
+    lines = [
+        f"Reproducer: {check.text()} fails with {toggle.factor}={toggle.level}, passes with {toggle.factor}="
+        f"{toggle.golden} ({engine}).", "",
+        *(wrapped for line in prose for wrapped in textwrap.wrap(line, 110, subsequent_indent="  ")), "",
+        "Environment it was written in:", *(f"  {line}" for line in environment(*engine_lines)), *run, *EXIT_LINES,
+    ]
+    return '"""' + "\n".join(lines) + '\n"""'
+
+
+def toggle_comment(repro: Reproducer) -> str:
+    """The comment above ``TOGGLED``."""
+    toggle = repro.toggle
+    return f"#: the one toggled setting: {toggle.factor} {toggle.level} → {toggle.golden} (its golden level)"
+
+
+def workload_and_check(repro: Reproducer) -> list[str]:
+    """``SETTING``, ``ROUNDS`` (the shrunk workload) and ``CHECK``: the constants every script ends its own with."""
+    toggle = repro.toggle
+    rounds = [[(r.rid, r.prompt, r.max_new_tokens, r.priority) for r in group]
+              for group in repro.shrunk.workload.rounds()]
+    return [
+        f"SETTING = {literal(f'{toggle.factor}={toggle.level}')}",
+        "#: the shrunk workload, served cold then warm: rounds of (request id, prompt token ids, max_new_tokens,",
+        "#: priority)",
+        f"ROUNDS = {rounds_literal(rounds)}",
+        "#: the check that fails, and what it needs (from the harness's own judgement of the failing run)",
+        f"CHECK = {literal(expect.check_spec(repro), 8)}",
+    ]
+
+
+def assemble(doc: str, imports: set[str], constants: Sequence[str], sources: Sequence[str], main: str) -> str:
+    """A script: its docstring, imports, constants, the copied-in definitions, ``main`` and the call to it."""
+    return "\n".join(["#!/usr/bin/env python3", doc, "from __future__ import annotations", "", import_block(imports),
+                      "", "", *constants, "", "", *(f"{source}\n\n" for source in sources), main, "", "",
+                      'if __name__ == "__main__":\n    sys.exit(main())', ""])

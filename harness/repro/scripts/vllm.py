@@ -4,33 +4,23 @@ setting toggled; the checkpoints rebuilt from their recipes inline, named in the
 vLLM's interpreter, ``python -I``: it imports vllm, torch and safetensors alone."""
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
-from harness.repro import expect
 from harness.repro.finding import Reproducer, ReproError
-from harness.repro.scripts.text import Command, definitions, environment, import_block, literal, rounds_literal
+from harness.repro.scripts.recipes import RECIPES
+from harness.repro.scripts.text import (
+    Command, assemble, definitions, docstring, literal, toggle_comment, workload_and_check,
+)
 from harness.repro.standalone import checks, vllm as standalone
 from harness.sut import weights
-from harness.sut.checkpoints import (
-    HYBRID_SEED, SERVED_DENSE, checkpoint_dir, draft_config, hybrid_config, llama_config,
-)
+from harness.sut.checkpoints import checkpoint_dir
 from harness.sut.vllm import ENGINE, LEVELS, vllm_python
 from harness.sut.vllm.arguments import engine_arguments, tight_blocks
 from harness.sut.vllm.child import DEFAULT_ARGS, FORCED_ARGS
 from harness.sut.vllm.connectors import PD_ROLES, pd_config
 from harness.sut.vllm.pd import TIER_PAIR_ARGS
 
-#: the checkpoints a script rebuilds, by name: the config.json, the seed, and for the dense model's family the layers
-#: the seed's draw covers (the dense model's: the draft is its first layer).
-RECIPES = {
-    "dense": {"config": llama_config(SERVED_DENSE), "seed": SERVED_DENSE.seed,
-              "layers_drawn": len(SERVED_DENSE.layer_types)},
-    "draft": {"config": llama_config(draft_config()), "seed": SERVED_DENSE.seed,
-              "layers_drawn": len(SERVED_DENSE.layer_types)},
-    "hybrid": {"config": hybrid_config(), "seed": HYBRID_SEED},
-}
 #: where a storage tier's directory goes in the arguments (the script gives each setting a temporary one).
 TIER = Path("tier")
 
@@ -100,57 +90,28 @@ def _toggled(failing: dict, toggled: dict) -> str:
     return f"{{key: value for key, value in {text}.items() if key not in {removed!r}}}" if removed else text
 
 
-def _header(repro: Reproducer) -> str:
-    toggle, check, header = repro.toggle, repro.check, repro.header
-    prose = [
-        f"Cell {repro.row['cell_id']} of matrix {header.get('matrix', '?')} (run {header.get('run_id', '?')}), its "
-        f"workload {repro.shrunk.workload.name.removesuffix('.shrunk')} shrunk while the check still failed: "
-        f"{repro.shrunk.text()}.",
-        f"Written by: {repro.command()}",
-    ]
-    lines = [
-        f"Reproducer: {check.text()} fails with {toggle.factor}={toggle.level}, passes with {toggle.factor}="
-        f"{toggle.golden} (vLLM's offline API).", "",
-        *(wrapped for line in prose for wrapped in textwrap.wrap(line, 110, subsequent_indent="  ")), "",
-        "Environment it was written in:", *(f"  {line}" for line in environment(*engine_lines())),
-        "Run it with vLLM's interpreter (it imports vllm, torch and safetensors alone; no model download):",
-        f"  {command(Path('repro.py')).text()}",
-        "Each engine runs in a process of its own (the script run again with --engine). Exit status: 1 while",
-        "the bug is present, 0 once fixed, 2 when a run raised something the finding did not record.",
-    ]
-    return '"""' + "\n".join(lines) + '\n"""'
-
-
 def script(repro: Reproducer, path: Path) -> str:
     """The text of ``repro``'s script, to be written at ``path``."""
     failing, toggled = arguments(repro, repro.plan.levels), arguments(repro, repro.toggled_levels)
     used = {*models(failing), *models(toggled)}
     sources = [definitions(module) for module in (checks, weights, standalone)]
-    imports = {"import sys", *(line for lines, _ in sources for line in lines)}
-    rounds = [[(r.rid, r.prompt, r.max_new_tokens, r.priority) for r in group]
-              for group in repro.shrunk.workload.rounds()]
-    toggle = repro.toggle
-    parts = [
-        "#!/usr/bin/env python3", _header(repro), "from __future__ import annotations", "",
-        import_block(imports), "", "",
+    doc = docstring(repro, "vLLM's offline API", [], engine_lines(), [
+        "Run it with vLLM's interpreter (it imports vllm, torch and safetensors alone; no model download):",
+        f"  {command(Path('repro.py')).text()}",
+        "Each engine runs in a process of its own (the script run again with --engine)."])
+    constants = [
         "#: the checkpoints the arguments name, rebuilt from their recipes (config.json, seed, the layers drawn)",
         f"CHECKPOINTS = {literal({name: RECIPES[name] for name in sorted(used)}, 14)}",
         "#: the cell's vllm.LLM arguments, as the harness passed them (a model by its checkpoint's name; a PD pair:",
         "#: each side's)",
         f"FAILING = {literal(failing, 10)}",
-        f"#: the one toggled setting: {toggle.factor} {toggle.level} → {toggle.golden} (its golden level)",
+        toggle_comment(repro),
         f"TOGGLED = {_toggled(failing, toggled)}",
-        f"SETTING = {literal(f'{toggle.factor}={toggle.level}')}",
-        "#: the shrunk workload, served cold then warm: rounds of (request id, prompt token ids, max_new_tokens,",
-        "#: priority)",
-        f"ROUNDS = {rounds_literal(rounds)}",
-        "#: the check that fails, and what it needs (from the harness's own judgement of the failing run)",
-        f"CHECK = {literal(expect.check_spec(repro), 8)}", "", "",
-        *(f"{source}\n\n" for _, source in sources),
-        "def main():\n    if sys.argv[1:2] == [\"--engine\"]:\n        engine_main()\n        return 0\n"
-        "    print(f\"python {sys.version.split()[0]}, {engine_version()}\")\n"
-        "    runs = run_settings(CHECKPOINTS, {\"failing\": FAILING, \"toggled\": TOGGLED}, ROUNDS)\n"
-        "    return reproduce(CHECK, runs[\"failing\"], runs[\"toggled\"], SETTING)",
-        "", "", 'if __name__ == "__main__":\n    sys.exit(main())', "",
+        *workload_and_check(repro),
     ]
-    return "\n".join(parts)
+    main = ("def main():\n    if sys.argv[1:2] == [\"--engine\"]:\n        engine_main()\n        return 0\n"
+            "    print(f\"python {sys.version.split()[0]}, {engine_version()}\")\n"
+            "    runs = run_settings(CHECKPOINTS, {\"failing\": FAILING, \"toggled\": TOGGLED}, ROUNDS)\n"
+            "    return reproduce(CHECK, runs[\"failing\"], runs[\"toggled\"], SETTING)")
+    imports = {"import sys", *(line for lines, _ in sources for line in lines)}
+    return assemble(doc, imports, constants, [source for _, source in sources], main)

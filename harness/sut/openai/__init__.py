@@ -69,4 +69,5 @@ def _launch_problem(engine_args: Mapping[str, object]) -> str | None:
 
 
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("server",), parse_tables=_parse_tables,
-                launch_problem=_launch_problem, cross_golden=serving_made_model)
+                launch_problem=_launch_problem, cross_golden=serving_made_model,
+                program=lambda server: str(server.get("api", "openai")))

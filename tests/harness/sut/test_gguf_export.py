@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 
 from fixtures.workloads import Workload, load_workload
 from harness.sut.checkpoints import checkpoint_dir
-from harness.sut.gguf_export import GGUF_CHECKPOINTS, gguf_file, rope_permute
+from harness.sut.gguf_export import GGUF_CHECKPOINTS, gguf_file
+from harness.sut.gguf_weights import rope_permute
 from harness.sut.reference.engine import build_engine_config
 from harness.sut.openai.launch import HOST, free_port, llama_server_path
 from harness.sut.openai.server import ServerProcess

@@ -1,0 +1,88 @@
+"""llama.cpp's reproducer script: ``llama-server`` started by the script with the cell's launch (its flags as the
+matrix's ``[server]`` table rendered them, the GGUF files and the port by name), driven over plain HTTP as the harness
+drives it, and again with the one setting toggled; the GGUF files rebuilt from their recipes inline. Run with any
+Python that has torch and gguf, ``llama-server`` on PATH or in ``$LLAMA_SERVER``."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+
+from harness.repro.finding import Reproducer, ReproError
+from harness.repro.scripts.recipes import RECIPES
+from harness.repro.scripts.text import (
+    Command, assemble, definitions, docstring, literal, toggle_comment, workload_and_check,
+)
+from harness.repro.standalone import checks, llamacpp as standalone
+from harness.sut import gguf_weights, weights
+from harness.sut.gguf_export import GGUF_CHECKPOINTS, gguf_file
+from harness.sut.openai import LEVELS
+from harness.sut.openai.launch import Launch, llama_server_path
+
+
+def python() -> str:
+    """The interpreter ``harness repro`` checks a script with: this one (it has torch and gguf)."""
+    return sys.executable
+
+
+def command(path: Path) -> Command:
+    """``python -I repro.py`` from the script's folder, with the llama-server the harness ran."""
+    return Command(("python", "-I", path.name), {"LLAMA_SERVER": str(llama_server_path())})
+
+
+def engine_lines() -> list[str]:
+    """What the llama-server the harness ran says of its version, and the torch and gguf that write its GGUF."""
+    done = subprocess.run([str(llama_server_path()), "--version"], capture_output=True, text=True, timeout=60)
+    said = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith(("version", "built"))]
+    return ["llama-server " + ("; ".join(said) or "(version unknown)"),
+            *(f"{name} {metadata.version(name)}" for name in ("torch", "gguf"))]
+
+
+def launch(repro: Reproducer, levels: Mapping[str, object]) -> dict:
+    """The setting of ``levels``: llama-server's argv (the binary, its port and each GGUF by name: ``{llama_server}``,
+    ``{port}``, ``{dense}``), its environment beside the caller's, and the request fields; ``ReproError`` for a
+    server other than llama.cpp's, a PD pair, or a file without an inline recipe."""
+    server = repro.plan.engine_args
+    if server.get("api") != "llamacpp":
+        raise ReproError(f"server {server.get('name')!r}: a script is written for llama.cpp's llama-server alone")
+    full = LEVELS.full(levels)
+    if full["pd"] != "off":
+        raise ReproError("a llama.cpp script serves one llama-server: no PD pair")
+    rendered = Launch(server, full, 0)
+    names = {str(gguf_file(name)): f"{{{name}}}" for name in GGUF_CHECKPOINTS}
+    names[str(llama_server_path())] = "{llama_server}"
+    argv = ["{port}" if before == "--port" else names.get(arg, arg)
+            for before, arg in zip([None, *rendered.argv], rendered.argv)]
+    files = [arg for arg in argv if arg.endswith(".gguf")]
+    if files:
+        raise ReproError(f"a llama.cpp script rebuilds only the {', '.join(GGUF_CHECKPOINTS)} GGUF files inline; "
+                         f"this cell serves {', '.join(files)}")
+    return {"argv": argv, "env": dict(rendered.env), "request": dict(rendered.request)}
+
+
+def script(repro: Reproducer, path: Path) -> str:
+    """The text of ``repro``'s script, to be written at ``path``."""
+    failing, toggled = launch(repro, repro.plan.levels), launch(repro, repro.toggled_levels)
+    used = sorted({arg[1:-1] for setting in (failing, toggled) for arg in setting["argv"]} & set(GGUF_CHECKPOINTS))
+    sources = [definitions(module) for module in (checks, weights, gguf_weights, standalone)]
+    doc = docstring(repro, "llama.cpp's llama-server", [], engine_lines(), [
+        "Run it with a Python that has torch and gguf (pip install torch gguf), llama-server on PATH or in",
+        "LLAMA_SERVER (no model download; the script starts and stops its own servers):",
+        f"  {command(Path('repro.py')).text()}"])
+    constants = [
+        "#: the GGUF files the launches name, rebuilt from their recipes (config.json, seed, the layers drawn)",
+        f"CHECKPOINTS = {literal({name: RECIPES[name] for name in used}, 14)}",
+        "#: the cell's llama-server launch, as the harness rendered it (the binary, the port and each GGUF by name),",
+        "#: and the fields the harness adds to each /completion request",
+        f"FAILING = {literal(failing, 10)}",
+        toggle_comment(repro),
+        f"TOGGLED = {literal(toggled, 10)}",
+        *workload_and_check(repro),
+    ]
+    main = ("def main():\n    print(f\"python {sys.version.split()[0]}, {engine_version()}\")\n"
+            "    runs = run_settings(CHECKPOINTS, {\"failing\": FAILING, \"toggled\": TOGGLED}, ROUNDS)\n"
+            "    return reproduce(CHECK, runs[\"failing\"], runs[\"toggled\"], SETTING)")
+    imports = {"import sys", *(line for lines, _ in sources for line in lines)}
+    return assemble(doc, imports, constants, [source for _, source in sources], main)
