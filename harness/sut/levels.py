@@ -69,7 +69,7 @@ class EngineLevels:
 
 
 #: the models made here (harness.sut.checkpoints); any other model level of a real engine is a checkpoint path.
-MADE_MODELS = ("dense", "hybrid")
+MADE_MODELS = ("dense", "hybrid", "smollm2")
 
 
 def check_served_level(factor: str, level: object, choices: Mapping[str, tuple[str, ...]], counts: tuple[str, ...]) -> None:

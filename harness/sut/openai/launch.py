@@ -50,9 +50,12 @@ def artefact(name: str, levels: Mapping[str, object]) -> str:
     if name in ("draft_checkpoint", "eagle_checkpoint", "sglang_eagle_checkpoint"):
         return str(checkpoint_dir(name.removesuffix("_checkpoint")))
     if name in ("gguf", "draft_gguf"):
+        from harness.sut.checkpoints import DRAFTS, draft_of, trained_gguf
         from harness.sut.gguf_export import gguf_file
 
-        return str(gguf_file(str(levels["model"]) if name == "gguf" else "draft"))
+        model = str(levels["model"])
+        wanted = model if name == "gguf" else draft_of(model)
+        return str(trained_gguf(wanted) if model in DRAFTS else gguf_file(wanted))
     if name == "vllm_python":
         from harness.sut.vllm import vllm_python
 

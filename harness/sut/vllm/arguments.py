@@ -8,7 +8,8 @@ page_size               ``block_size``
 prefill_budget          ``max_num_batched_tokens`` (chunked prefill is always on in vLLM V1)
 max_num_seqs            ``max_num_seqs``
 spec, num_draft_tokens  ``speculative_config``: ngram (prompt lookup 2..4), draft (the dense model cut
-                        to one layer), eagle (an EAGLE-1 head: the dense model one token behind), self (the
+                        to one layer; smollm2's own first layers: ``checkpoints.draft_of``), eagle (an EAGLE-1
+                        head: the dense model one token behind), self (the
                         target's own weights as its draft: every draft token is accepted, accept length
                         exactly k + 1)
 eagle_block_drop        on (vLLM's default: an EAGLE head's hit loses its last matched block), off:
@@ -21,7 +22,7 @@ kv_capacity             roomy: a fixed 256 MiB KV cache; tight: ``num_gpu_blocks
                         ``max_model_len`` to match
 dtype                   ``dtype`` (float32, bfloat16)
 deterministic           ``VLLM_BATCH_INVARIANT=1`` in the child's environment (CUDA only)
-model                   a checkpoint made here (dense, hybrid) or a path to one
+model                   a checkpoint made here (dense, hybrid, smollm2) or a path to one
 [engine_args]           passed through as they are, last
 ======================  =====================================================================
 """
@@ -34,7 +35,7 @@ from pathlib import Path
 from fixtures.spec_expect import LookupRule, ModelRule, Proposer
 from fixtures.workloads import Workload
 from harness.sut.base import Applied
-from harness.sut.checkpoints import DRAFT_LAYERS, MAX_POSITIONS, SERVED_DENSE, checkpoint_dir
+from harness.sut.checkpoints import DRAFT_LAYERS, MAX_POSITIONS, SERVED_DENSE, checkpoint_dir, draft_of
 from harness.sut.vllm.connectors import tier_config
 
 #: the ngram level's prompt lookup, suffix n-grams of 2 to 4 tokens, as vLLM 0.32.0 drafts it.
@@ -84,8 +85,9 @@ def replay_rule(levels: Mapping[str, object], arguments: Mapping[str, object]) -
         return replace(VLLM_LOOKUP, min_n=int(spec["prompt_lookup_min"]), max_n=int(spec["prompt_lookup_max"]),
                        max_model_len=max_model_len)
     level = str(levels["spec"])
-    if level not in MODEL_DRAFTS or (level == "self" and levels["model"] != "dense"):
-        return None
+    if level not in MODEL_DRAFTS or (level == "self" and levels["model"] != "dense") or (
+            level == "draft" and draft_of(str(levels["model"])) != "draft"):
+        return None  # the reference runs the dense model's drafts only, not a trained model's own
     what, model, layers, skip = MODEL_DRAFTS[level]
     return ModelRule(f"vLLM's {spec['method']} proposer running {what}", model, layers, skip, within_request=False,
                      max_model_len=max_model_len)
@@ -102,7 +104,7 @@ def speculative_config(levels: Mapping[str, object]) -> dict | None:
     if spec == "eagle":  # eagle_block_drop = off: vLLM's SpeculativeConfig.disable_eagle_block_drop (0.32.0, PR #53388)
         drop = {} if levels.get("eagle_block_drop", "on") == "on" else {"disable_eagle_block_drop": True}
         return {"method": "eagle", "model": str(checkpoint_dir("eagle")), "num_speculative_tokens": k, **drop}
-    draft = levels["model"] if spec == "self" else "draft"
+    draft = levels["model"] if spec == "self" else draft_of(str(levels["model"]))
     return {"method": "draft_model", "model": str(checkpoint_dir(str(draft))), "num_speculative_tokens": k}
 
 
