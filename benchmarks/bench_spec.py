@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fixtures.workloads import WORKLOADS as ALL_WORKLOADS  # noqa: E402
+from fixtures.workloads import MODEL_BOUND, WORKLOADS as ALL_WORKLOADS  # noqa: E402
 from fixtures.workloads import load_workload  # noqa: E402
 from harness.run.cell import configure_torch  # noqa: E402
 from harness.run.serve import run_workload  # noqa: E402
@@ -53,7 +53,7 @@ def bands(k: int = 3) -> None:
     (requests never preempted, as the oracle counts them), as a Python table."""
     print(f"    {k}: {{")
     for name in ALL_WORKLOADS:
-        if name in UNBANDED:
+        if name in UNBANDED or name in MODEL_BOUND:
             continue
         for model in ("dense", "hybrid"):
             for spec in SPECS[1:]:
