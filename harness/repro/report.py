@@ -72,7 +72,7 @@ def report_text(repro: Reproducer, writer: ScriptWriter, script: Path, ran: Ran 
     cause, upstream = _cause(repro)
     fails_when = oracles.oracles()[check.oracle].fails_when if check.oracle in oracles.oracles() else "the cell raises"
     lines = [
-        f"# {check.text()} fails with {toggle.factor}={toggle.level} ({repro.plan.engine})", "",
+        f"# {check.text()} fails with {toggle.factor}={toggle.level} ({writer.engine})", "",
         "## What",
         f"With `{toggle.factor}={toggle.level}` the `{check.text()}` check fails; with "
         f"`{toggle.factor}={toggle.golden}` (its golden level), all else equal, it passes. The check fails when "
@@ -105,7 +105,7 @@ def write_finding(repro: Reproducer, out: Path, verify: bool = True) -> tuple[Pa
         (out / OUTPUT).write_text(ran.output)
     (out / REPORT).write_text(report_text(repro, writer, script.resolve(), ran))
     finding = {"cell_id": repro.row["cell_id"], "status": repro.row["status"], "run_id": repro.header.get("run_id"),
-               "matrix": repro.header.get("matrix"), "engine": repro.plan.engine, "check": repro.check.text(),
+               "matrix": repro.header.get("matrix"), "engine": writer.engine, "check": repro.check.text(),
                "toggle": {"factor": repro.toggle.factor, "level": repro.toggle.level, "golden": repro.toggle.golden},
                "faults": sorted(repro.plan.faults), "shrink": repro.shrunk.to_json(), "finding": _finding(repro),
                "script_exit": None if ran is None else ran.status, "command": repro.command()}

@@ -94,7 +94,7 @@ def find_toggle(setup: Setup, row: Mapping, check: Check, workload: Workload, pr
         trial = setup.trial(changed)
         outcome = setup.outcome(trial, workload)
         tried.append(f"{toggle.text()}: {', '.join(outcome.failing()) or 'pass'}" if outcome else toggle.text())
-        if outcome is not None and not check.failed(outcome):
+        if outcome is not None and check.cured(outcome):
             say(f"toggle: {toggle.text()} (golden) makes {check.text()} pass")
             return toggle, trial
     raise ReproError(f"cell {row['cell_id']}: no one factor at its golden level makes {check.text()} pass on "
@@ -134,12 +134,12 @@ def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping]
 
         def fails(candidate: Workload) -> bool:
             first, second = outcomes(candidate)
-            return first is not None and second is not None and not check.failed(second)
+            return first is not None and second is not None and check.cured(second)
 
         shrunk = Shrinker(workload, fails, setup.budget).run()
         say(f"shrink: {shrunk.text()}")
         final = outcomes(shrunk.workload)  # already run, unless nothing shrank (then once more, past the budget)
-        if final[0] is None or final[1] is None or not check.failed(final[0]) or check.failed(final[1]):
+        if final[0] is None or final[1] is None or not check.failed(final[0]) or not check.cured(final[1]):
             raise ReproError(f"cell {row['cell_id']}: the shrunk workload no longer shows {check.text()} with "
                              f"{toggle.factor}={toggle.level} alone")
         return Reproducer(row, header, failing.plan, toggle, toggled.plan.levels, check, shrunk, *final, run.device,

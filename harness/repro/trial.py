@@ -44,6 +44,11 @@ class Check:
             return outcome.error is not None and error_type(outcome.error) == self.check
         return bool(self.findings(outcome))
 
+    def cured(self, outcome: Outcome) -> bool:
+        """Whether ``outcome`` is clean of this check: it does not fail it and raised nothing (a run that raised
+        another exception says nothing of this check, so a toggle or a shrink step never counts it as a cure)."""
+        return outcome.error is None and not self.failed(outcome)
+
 
 @dataclass(slots=True)
 class Outcome:

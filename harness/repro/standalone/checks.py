@@ -199,8 +199,7 @@ def reproduce(check: dict, failing: dict, toggled: dict, setting: str) -> int:
     print(f"check: {check['oracle']}" + (f" ({check['check']})" if check.get("check") else ""))
     print(f"expected: {expected}")
     print(f"got:      {got}")
-    if check["oracle"] == "error" and failing["raised"] and not present or (
-            check["oracle"] != "error" and (failing["raised"] or toggled["raised"])):
+    if toggled["raised"] or failing["raised"] and not (check["oracle"] == "error" and present):
         print("inconclusive: a run raised an exception the finding did not record")
         return 2
     if present and check["oracle"] in INVARIANTS and judge(check, toggled, toggled)[2]:

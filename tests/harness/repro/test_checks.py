@@ -67,6 +67,7 @@ def test_reproduce_exits_one_while_the_failure_shows_zero_once_fixed(capsys) -> 
     assert checks.reproduce(error, run(raised="IndexError: 4"), full, "spec=mtp") == 1
     assert checks.reproduce(error, run(raised="KeyError: 4"), full, "spec=mtp") == 2
     assert checks.reproduce(error, full, full, "spec=mtp") == 0
+    assert checks.reproduce(error, run(raised="IndexError: 4"), run(raised="TypeError: 1"), "spec=mtp") == 2
 
 
 def test_every_oracle_a_script_judges_has_a_check() -> None:

@@ -50,6 +50,10 @@ def test_a_check_fails_on_its_own_findings_only() -> None:
     assert not Check("accept_length", "relative").failed(outcome)
     assert Check("error", "KeyError").failed(Outcome(error="Traceback\nKeyError: 'x'"))
     assert not Check("error", "KeyError").failed(outcome)
+    assert Check("accept_length", "relative").cured(outcome) and not Check("accept_length").cured(outcome)
+    raised_other = Outcome(error="Traceback\nIndexError: 2")
+    assert not Check("error", "KeyError").failed(raised_other) and not Check("error", "KeyError").cured(raised_other)
+    assert not Check("tokens").cured(raised_other)  # a run that raised is no cure of any check
 
 
 def test_toggle_candidates_put_the_located_factors_first(tmp_path: Path) -> None:
