@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 from reference_impl.config import DENSE32, ModelConfig
 from reference_impl.model.tiny_lm import load_model
 
-from .weights import hybrid_tensors, scaled_randn
+from .weights import eagle_head, hybrid_tensors, scaled_randn
 
 #: environment variable that moves the checkpoint cache.
 CACHE_ENV = "KVMATRIX_CHECKPOINTS"
@@ -205,16 +205,7 @@ def eagle_tensors(cfg: ModelConfig = SERVED_DENSE) -> dict[str, torch.Tensor]:
     if not torch.equal(dense["model.norm.weight"], torch.ones(h)):
         raise ValueError(f"EAGLE head for {cfg.name!r}: its final norm is not all ones, so the head's un-normed logits "
                          "would not rank tokens as the target's do")
-    out = {"fc.weight": torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)}
-    for name, t in dense.items():
-        if name.startswith("model.layers.0."):  # layer 0: the shapes of the target's, every weight zero
-            out[name.replace("model.layers.0.", "layers.0.")] = (torch.ones_like(t) if name.endswith("layernorm.weight")
-                                                                 else torch.zeros_like(t))
-        if name.startswith("model.layers."):
-            index, rest = name.removeprefix("model.layers.").split(".", 1)
-            out[f"layers.{int(index) + 1}.{rest}"] = t
-    out.pop("layers.0.input_layernorm.weight")  # vLLM replaces layer 0's input norm with the identity
-    return out
+    return eagle_head(dense, h)
 
 
 def eagle_recipe() -> Recipe:

@@ -43,6 +43,24 @@ def dense_tensors(config: dict, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def eagle_head(dense: dict[str, torch.Tensor], hidden: int) -> dict[str, torch.Tensor]:
+    """An EAGLE-1 head in vLLM's EagleLlamaForCausalLM layout made of a dense Llama's own tensors: ``fc`` passes the
+    embedding and drops the hidden state, layer 0 has the shapes of the dense model's and every weight zero (its
+    input norm left out: vLLM replaces it by the identity), then the dense model's layers; no embedding and no LM
+    head (vLLM shares the target's). ``harness.sut.checkpoints.eagle_tensors`` says why it drafts the target's
+    tokens one position behind."""
+    out = {"fc.weight": torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)}
+    for name, t in dense.items():
+        if name.startswith("model.layers.0."):
+            out[name.replace("model.layers.0.", "layers.0.")] = (torch.ones_like(t) if name.endswith("layernorm.weight")
+                                                                 else torch.zeros_like(t))
+        if name.startswith("model.layers."):
+            index, rest = name.removeprefix("model.layers.").split(".", 1)
+            out[f"layers.{int(index) + 1}.{rest}"] = t
+    out.pop("layers.0.input_layernorm.weight")
+    return out
+
+
 def mamba2_layer(gen: torch.Generator, prefix: str, c: dict) -> dict[str, torch.Tensor]:
     """A Mamba2 mixer under HF names; A and Δ drawn as Mamba2's own init (A in [1, 16], Δ in [1e-3, 0.1])."""
     h, nheads, d_state = c["hidden_size"], c["mamba_n_heads"], c["mamba_d_state"]

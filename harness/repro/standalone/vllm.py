@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 # a script carries weights' definitions beside these
-from ...sut.weights import dense_tensors, hybrid_tensors, write_checkpoint
+from ...sut.weights import dense_tensors, eagle_head, hybrid_tensors, write_checkpoint
 
 #: vLLM's speculative counters (``LLM.get_metrics()``), by the key a pass gives them.
 SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
@@ -35,8 +35,8 @@ CLOSE_S = 30
 
 def build_checkpoints(recipes: dict, directory: Path) -> dict[str, str]:
     """name → the directory of the checkpoint its recipe rebuilds: the dense model drawn from its seed over
-    ``layers_drawn`` layers, of which the checkpoint keeps its config's ``num_hidden_layers`` (the draft keeps one);
-    a recipe without ``layers_drawn`` is the hybrid model's."""
+    ``layers_drawn`` layers, of which the checkpoint keeps its config's ``num_hidden_layers`` (the draft keeps one),
+    or made into the EAGLE head (``head``); a recipe without ``layers_drawn`` is the hybrid model's."""
     paths = {}
     for name, recipe in recipes.items():
         config, kept = recipe["config"], recipe["config"]["num_hidden_layers"]
@@ -44,8 +44,11 @@ def build_checkpoints(recipes: dict, directory: Path) -> dict[str, str]:
             paths[name] = write_checkpoint(directory / name, config, hybrid_tensors(config, recipe["seed"]))
             continue
         tensors = dense_tensors({**config, "num_hidden_layers": recipe["layers_drawn"]}, recipe["seed"])
-        tensors = {key: t for key, t in tensors.items()
-                   if not key.startswith("model.layers.") or int(key.split(".")[2]) < kept}
+        if recipe.get("head") == "eagle":
+            tensors = eagle_head(tensors, config["hidden_size"])
+        else:
+            tensors = {key: t for key, t in tensors.items()
+                       if not key.startswith("model.layers.") or int(key.split(".")[2]) < kept}
         paths[name] = write_checkpoint(directory / name, config, tensors)
     return paths
 

@@ -8,13 +8,13 @@ from safetensors.torch import load_file
 from harness.repro.scripts import vllm as writer
 from harness.repro.standalone import checks, vllm as standalone
 from harness.sut.checkpoints import (
-    HYBRID_SEED, SERVED_DENSE, dense_tensors, draft_tensors, hybrid_config, hybrid_tensors,
+    HYBRID_SEED, SERVED_DENSE, dense_tensors, draft_tensors, eagle_tensors, hybrid_config, hybrid_tensors,
 )
 
 
 def test_the_inline_recipes_rebuild_the_checkpoints_the_harness_serves(tmp_path) -> None:
     paths = standalone.build_checkpoints(writer.RECIPES, tmp_path)
-    for name, exported in (("dense", dense_tensors(SERVED_DENSE)), ("draft", draft_tensors()),
+    for name, exported in (("dense", dense_tensors(SERVED_DENSE)), ("draft", draft_tensors()), ("eagle", eagle_tensors()),
                            ("hybrid", hybrid_tensors(hybrid_config(), HYBRID_SEED))):
         rebuilt = load_file(f"{paths[name]}/model.safetensors")
         assert rebuilt.keys() == exported.keys(), name
