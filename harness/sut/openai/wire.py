@@ -118,10 +118,11 @@ def llamacpp_parse(doc: object, what: str) -> Generated:
 
 
 def sglang_body(request: RequestSpec, top: int, model: str) -> dict:
-    """SGLang's native /generate: ``input_ids``, greedy, exactly ``max_new_tokens``, top-``top`` logprobs of the output."""
-    n = request.max_new_tokens
+    """SGLang's native /generate: ``input_ids``, greedy, exactly ``max_new_tokens`` (``ignore_eos``), top-``top``
+    logprobs of the output. No ``min_new_tokens``: SGLang 0.5.23 refuses it under ``--skip-tokenizer-init`` ("requires
+    tokenizer for eos_token_id"), and with the end-of-sequence token ignored it adds nothing."""
     return {"input_ids": list(request.prompt), "return_logprob": True, "top_logprobs_num": top,
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": n, "min_new_tokens": n, "ignore_eos": True}}
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": request.max_new_tokens, "ignore_eos": True}}
 
 
 def sglang_parse(doc: object, what: str) -> Generated:
