@@ -47,7 +47,11 @@ def artefact(name: str, levels: Mapping[str, object]) -> str:
 
     if name == "checkpoint":
         return str(checkpoint_dir(str(levels["model"])))
-    if name in ("draft_checkpoint", "eagle_checkpoint", "sglang_eagle_checkpoint"):
+    if name == "draft_checkpoint":  # the cell's model's own draft where it has one (smollm2's), else the dense one's
+        from harness.sut.checkpoints import draft_of
+
+        return str(checkpoint_dir(draft_of(str(levels["model"]))))
+    if name in ("eagle_checkpoint", "sglang_eagle_checkpoint"):
         return str(checkpoint_dir(name.removesuffix("_checkpoint")))
     if name in ("gguf", "draft_gguf"):
         from harness.sut.checkpoints import DRAFTS, draft_of, trained_gguf

@@ -76,3 +76,23 @@ def test_the_draft_of_each_model() -> None:
     assert checkpoints.draft_of("dense") == checkpoints.draft_of("hybrid") == "draft"
     assert checkpoints.RECIPES["smollm2_draft"]().config["num_hidden_layers"] == trained.DRAFT_LAYERS < 30
     assert checkpoints.RECIPES["smollm2"]().key() != checkpoints.RECIPES["smollm2_draft"]().key()
+
+
+def test_each_engine_serves_smollm2_with_its_own_draft() -> None:
+    """llama.cpp gets the shipped GGUF and the cut one, vLLM (offline and as a server) the fp32 draft; the reference's
+    replay of vLLM's draft stays the dense model's (it does not run smollm2)."""
+    from harness.sut.openai.launch import artefact
+    from harness.sut.vllm import LEVELS
+    from harness.sut.vllm.arguments import engine_arguments, replay_rule
+
+    smollm2_levels = {"model": "smollm2"}
+    assert artefact("gguf", smollm2_levels) == str(smollm2.shipped_gguf())
+    assert artefact("draft_gguf", smollm2_levels) == str(checkpoints.trained_gguf("smollm2_draft"))
+    assert artefact("draft_checkpoint", smollm2_levels) == str(checkpoints.checkpoint_dir("smollm2_draft"))
+    assert artefact("draft_checkpoint", {"model": "dense"}) == str(checkpoints.checkpoint_dir("draft"))
+    cut = gguf.GGUFReader(checkpoints.trained_gguf("smollm2_draft"))
+    assert cut.fields["llama.block_count"].contents() == trained.DRAFT_LAYERS
+    for model, draft in (("smollm2", "smollm2_draft"), ("dense", "draft")):
+        args = engine_arguments(LEVELS.full({"model": model, "spec": "draft"}), {})
+        assert args["speculative_config"]["model"] == str(checkpoints.checkpoint_dir(draft))
+        assert (replay_rule(LEVELS.full({"model": model, "spec": "draft"}), args) is None) == (model == "smollm2")
