@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kvmatrix-installed
 REPORT_DIR ?= reports/out
 PYTEST_WORKERS ?= auto
 
-.PHONY: matrix test quick bench mutation gpu-wheels vllm-env llama-server clean
+.PHONY: matrix test quick bench mutation gpu-wheels vllm-env llama-server sglang-env test-sglang clean
 
 # NIXL (pd = nixl) goes in without its dependencies: its plain requirement pulls a CUDA torch and
 # seventeen CUDA wheels; UCX ships inside nixl-cu12, which also runs on CPU memory. Mooncake's
@@ -25,11 +25,12 @@ $(STAMP): pyproject.toml Makefile
 matrix: $(STAMP)
 	$(PY) -m harness run --matrix smoke --report-dir $(REPORT_DIR)
 
-# the whole suite, every test (`make quick` leaves out the whole-matrix runs and the real engines)
+# the whole suite, every test but SGLang's (`make quick` leaves out the whole-matrix runs and the real engines;
+# `make test-sglang` runs SGLang's, whose venv CI does not build)
 # --dist loadgroup: the vLLM tests share one worker (a vLLM child's OpenMP threads spin on every core: two would
 # starve each other)
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not sglang"
 
 # quick iteration (about 3 minutes on 2 cores): everything but whole-matrix runs and the real engines
 quick: $(STAMP)
@@ -114,6 +115,58 @@ $(LLAMA_NGRAM_MAP):
 	rm -rf $(LLAMA_DIR)/ngram-src
 
 llama-server: $(LLAMA_SERVER) $(SMOLLM2_STAMP)
+
+# SGLang on CPU (engine = openai, matrices/sglang_cpu.toml) lives in its own venv. Its PyPI wheel pulls a CUDA torch
+# and sglang-kernel, a CUDA-only build (SGLang then dies at import: sglang/kernels/ops/kvcache/cache_move.py imports
+# copy_all_layer_kv_cache_cpu from sgl_kernel). So: the CPU torch, sgl-kernel's CPU target built from SGLang's
+# source against it (~7 min of CPU on 2 cores, a 1.4 MB wheel cached in .build/ under its version), SGLang's
+# requirements less the CUDA ones (scripts/sglang-cpu/requirements.txt), then SGLang without its dependencies.
+# The kernels' source is not on PyPI (no sdist of sglang since 0.5.10.post1, none of sgl-kernel or sglang-kernel):
+# SGLANG_SRC names an SGLang checkout with python/sglang/kernels/aot/ (pyproject_cpu.toml there); building it also
+# needs Debian's libnuma-dev. The wheel cached, neither is needed again. torchvision comes in through timm as a
+# CUDA build that cannot load its ops: kvmatrix_torchvision_schemas.py says why and what it declares instead.
+SGLANG_VENV := .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.kvmatrix-installed
+SGLANG := sglang==0.5.23
+SGLANG_KERNEL_CPU := 0.4.6.post1
+SGLANG_KERNEL_DIR := .build/sglang-kernel-cpu-$(SGLANG_KERNEL_CPU)
+SGLANG_KERNEL_BUILT := $(SGLANG_KERNEL_DIR)/.built
+SGLANG_SRC ?=
+SGLANG_SITE = $(shell $(SGLANG_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+$(SGLANG_VENV)/.torch:
+	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install --quiet torch==2.13.0+cpu scikit-build-core ninja wheel
+	touch $@
+
+$(SGLANG_KERNEL_BUILT): | $(SGLANG_VENV)/.torch
+	@test -f "$(SGLANG_SRC)/python/sglang/kernels/aot/pyproject_cpu.toml" || { echo "SGLANG_SRC=$(SGLANG_SRC): \
+	  not an SGLang checkout with python/sglang/kernels/aot/pyproject_cpu.toml (make sglang-env SGLANG_SRC=DIR)"; exit 1; }
+	rm -rf $(SGLANG_KERNEL_DIR) && mkdir -p $(SGLANG_KERNEL_DIR)
+	cp -r $(SGLANG_SRC)/python/sglang/kernels/aot $(SGLANG_KERNEL_DIR)/src
+	cp $(SGLANG_KERNEL_DIR)/src/pyproject_cpu.toml $(SGLANG_KERNEL_DIR)/src/pyproject.toml
+	cd $(SGLANG_KERNEL_DIR)/src && CMAKE_BUILD_PARALLEL_LEVEL=$(BUILD_JOBS) MAX_JOBS=$(BUILD_JOBS) \
+	  $(abspath $(SGLANG_VENV))/bin/python -m pip wheel --quiet --no-build-isolation --no-deps -w .. .
+	rm -rf $(SGLANG_KERNEL_DIR)/src
+	touch $@
+
+$(SGLANG_STAMP): Makefile scripts/sglang-cpu/requirements.txt scripts/sglang-cpu/kvmatrix_torchvision_schemas.py \
+		$(SGLANG_KERNEL_BUILT) | $(SGLANG_VENV)/.torch
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps $(SGLANG_KERNEL_DIR)/sglang_kernel_cpu-*.whl
+	echo "torch==2.13.0+cpu" > $(SGLANG_VENV)/torch-pin.txt
+	$(SGLANG_VENV)/bin/python -m pip install --quiet -c $(SGLANG_VENV)/torch-pin.txt -r scripts/sglang-cpu/requirements.txt
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --no-deps $(SGLANG)
+	cp scripts/sglang-cpu/kvmatrix_torchvision_schemas.py $(SGLANG_SITE)/
+	echo "import kvmatrix_torchvision_schemas" > $(SGLANG_SITE)/kvmatrix_torchvision_schemas.pth
+	SGLANG_USE_CPU_ENGINE=1 $(SGLANG_VENV)/bin/python -c "import sglang.srt.configs, sgl_kernel; \
+	  from sgl_kernel import copy_all_layer_kv_cache_cpu"
+	touch $(SGLANG_STAMP)
+
+sglang-env: $(SGLANG_STAMP)
+
+# SGLang's server on CPU under the harness (tests/e2e/test_sglang_cpu.py: matrices/sglang_cpu_smoke.toml, ~5 min)
+test-sglang: $(STAMP) $(SGLANG_STAMP)
+	$(PY) -m pytest -q -m sglang
 
 clean:
 	rm -rf $(REPORT_DIR) .pytest_cache .hypothesis
