@@ -6,7 +6,8 @@ runs agree with its cells); MODE makes it misbehave: ``ok``; ``exit`` (exits bef
 ``hang:N`` (never answers its N-th completion); ``not_json``; ``drop:FIELD`` (a response without FIELD, a
 dotted path); ``child`` (forks a worker that must die with it, as a real server's engine process); ``slow:S``
 (forks such a worker and answers every completion after S seconds); ``late:S`` (answers its first completion
-after S seconds); ``stuck_reset`` (its cache reset answers ``{"success": false}``, as vLLM's while blocks are held).
+after S seconds); ``stuck_reset`` (its cache reset answers ``{"success": false}``, as vLLM's while blocks are held);
+``text_reset`` (its cache reset answers in plain text, as SGLang's /flush_cache).
 A ``--role=prefill`` or ``--role=decode`` argument makes it one side of a PD pair: the prefill side answers
 ``kv_transfer_params`` naming the prompt it computed (``stale_handoff``: the one before it), the decode side
 computes its tokens from the prompt the parameters name, as a decode engine reads the KV it was handed.
@@ -85,7 +86,10 @@ class Handler(BaseHTTPRequestHandler):
         global completions
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
         if self.path == "/reset":
-            self.answer(200, json.dumps({"success": MODE != "stuck_reset"}).encode())
+            if MODE == "text_reset":  # SGLang's /flush_cache: plain text, HTTP 200
+                self.answer(200, b"Cache flushed.\nPlease check backend logs for more details.\n")
+            else:
+                self.answer(200, json.dumps({"success": MODE != "stuck_reset"}).encode())
             return
         completions += 1
         n = int(MODE.partition(":")[2]) if MODE.startswith(("die:", "hang:")) else 0

@@ -132,7 +132,8 @@ class ServerEngine:
         """Empty ``process``'s cache; whether it took (retried within ``SETTLE_S`` while the server says it did not)."""
         deadline = time.perf_counter() + SETTLE_S
         while True:
-            answer = process.call(self.server["reset"], {}, self.request_timeout_s, "to the cache reset")
+            # SGLang's /flush_cache answers in plain text ("Cache flushed. ..."), HTTP 400 when it could not
+            answer = process.call(self.server["reset"], {}, self.request_timeout_s, "to the cache reset", text_ok=True)
             if not (isinstance(answer, dict) and answer.get("success") is False):
                 return True
             if time.perf_counter() > deadline:

@@ -69,8 +69,9 @@ class ServerProcess:
                 raise self.failure(f"the server did not answer {health} within {timeout_s:g} s")
             time.sleep(HEALTH_POLL_S)
 
-    def call(self, path: str, body: dict | None, timeout_s: float, what: str) -> object:
-        """POST ``body`` (GET without one) and the JSON answer; ``ServerError`` for anything else."""
+    def call(self, path: str, body: dict | None, timeout_s: float, what: str, text_ok: bool = False) -> object:
+        """POST ``body`` (GET without one) and the JSON answer (or, with ``text_ok``, the text of an answer that is
+        not JSON); ``ServerError`` for anything else."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url(path), data=data, headers={"Content-Type": "application/json"})
         try:
@@ -85,6 +86,8 @@ class ServerProcess:
         try:
             return json.loads(raw)
         except ValueError:
+            if text_ok:
+                return raw.decode(errors="replace")
             raise ServerError(f"malformed response {what}: not JSON: {raw[:200]!r}") from None
 
     def text(self, path: str, timeout_s: float) -> str:

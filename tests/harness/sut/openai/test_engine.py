@@ -240,6 +240,18 @@ def test_a_cache_reset_that_never_takes_is_an_error(tmp_path: Path, monkeypatch:
     assert alive(tmp_path) == []
 
 
+def test_a_cache_reset_answered_in_plain_text_takes(tmp_path: Path) -> None:
+    """SGLang's /flush_cache answers "Cache flushed." as text with HTTP 200 (400 when it could not): that is a reset,
+    where a request's answer that is not JSON still fails (the not_json case above)."""
+    path = write_matrix(tmp_path, "text_reset")
+    path.write_text(path.read_text().replace('workloads = ["pair"]', 'workloads = ["pair", "split_kv"]'))
+    matrix = load_matrix(str(path))
+    (cell,) = generate(matrix)
+    row = run_cell(matrix, cell, faults=frozenset(), goldens=GoldenRuns())
+    assert row.status == "pass", row.error
+    assert alive(tmp_path) == []
+
+
 def test_the_launch_renders_levels_placeholders_and_literal_braces(tmp_path: Path) -> None:
     extra = """
 [server.levels.model]
