@@ -119,13 +119,14 @@ llama-server: $(LLAMA_SERVER) $(SMOLLM2_STAMP)
 # SGLang on CPU (engine = openai, matrices/sglang_cpu.toml) lives in its own venv. Its PyPI wheel pulls a CUDA torch
 # and sglang-kernel, a CUDA-only build (SGLang then dies at import: sglang/kernels/ops/kvcache/cache_move.py imports
 # copy_all_layer_kv_cache_cpu from sgl_kernel). So: the CPU torch, sgl-kernel's CPU target built from SGLang's
-# source against it (~7 min of CPU on 2 cores, a 1.4 MB wheel cached in .build/ under its version), SGLang's
-# requirements less the CUDA ones (scripts/sglang-cpu/requirements.txt), then SGLang without its dependencies.
-# The kernels' source is not on PyPI (no sdist of sglang since 0.5.10.post1, none of sgl-kernel or sglang-kernel):
-# SGLANG_SRC names an SGLang checkout with python/sglang/kernels/aot/ (pyproject_cpu.toml there); building it also
-# needs Debian's libnuma-dev. The wheel cached, neither is needed again. 0.4.6.post1 is the version of the newest
-# tree that could be had here (2026-08-20, older than 0.5.23's; BENCHMARKS.md, "SGLang 0.5.23 on CPU"). torchvision comes in through timm as a
-# CUDA build that cannot load its ops: kvmatrix_torchvision_schemas.py says why and what it declares instead.
+# source against it (7-9 CPU-minutes, 11-13 min on a busy 2-core machine; a 1.4 MB wheel cached in .build/ under its
+# version), SGLang's requirements less the CUDA ones (scripts/sglang-cpu/requirements.txt), then SGLang without its
+# dependencies. The kernels' source is not on PyPI (no sdist of sglang since 0.5.10.post1, none of sgl-kernel or
+# sglang-kernel): SGLANG_SRC names an SGLang checkout with python/sglang/kernels/aot/ (pyproject_cpu.toml there);
+# building it also needs Debian's libnuma-dev. The wheel cached, neither is needed again. 0.4.6.post1 is the version
+# of the newest tree that could be had here (2026-08-20, older than 0.5.23's; BENCHMARKS.md, "SGLang 0.5.23 on CPU").
+# torchvision comes in through timm as a CUDA build that cannot load its ops: kvmatrix_torchvision_schemas.py says
+# why and what it declares instead.
 SGLANG_VENV := .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.kvmatrix-installed
 SGLANG := sglang==0.5.23
