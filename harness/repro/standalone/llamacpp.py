@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NoReturn
 
 # a script carries weights' and gguf_weights' definitions beside these
 from ...sut.gguf_weights import write_gguf
@@ -95,7 +96,7 @@ class Server:
         except (OSError, urllib.error.URLError):
             return False
 
-    def fail(self, what: str) -> None:
+    def fail(self, what: str) -> NoReturn:
         """Print the log's tail and raise ``ServerEnded`` (a server killed by a signal says which)."""
         self.log.flush()
         self.log.seek(0)
