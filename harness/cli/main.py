@@ -22,7 +22,7 @@ from harness.cli.triage import TriageInputError, add_triage_commands
 from harness.matrix.covering import Covering
 from harness.matrix.file import named_matrix
 from harness.matrix.model import (
-    Cell, MatrixError, coverage, generate, generate_certified, lower_bound, ofat_coverage,
+    Cell, MatrixError, coverage, generate, generate_certified, level_token, lower_bound, ofat_coverage,
 )
 from harness.matrix.selection import SelectionError, parse_shard, select_cells, select_shard
 from harness.results.header import add_run_options
@@ -59,6 +59,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"lower bound: {report.required} cells (the golden cell and one per level off it); "
               f"{'optimal (proven)' if len(cells) == report.required else f'ratio {len(cells) / report.required:.2f}'}")
         what = f"{report.required} (the golden cell, and each other level with every other factor golden)"
+    elif matrix.mode == "cells":  # the cells [[cells]] chooses: the pairs it leaves out are its choice, named below
+        report = coverage(matrix, cells, min(2, len(matrix.factors)))
+        print(f"{len(cells)} cells (cells: chosen by {len(matrix.cell_choices)} [[cells]] entries)")
+        what = f"{report.required} allowed {report.strength}-tuples"
     else:
         t = matrix.strength if matrix.mode == "t-wise" else min(2, len(matrix.factors))
         report = coverage(matrix, cells, t)
@@ -69,8 +73,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     if matrix.cost:
         print(f"total cost {math.fsum(matrix.cost_of(cell) for cell in cells):g} "
               f"([cost] per cell: sum of its levels' costs, unlisted levels 1)")
-    state = "OK" if report.ok else f"MISSING {len(report.missing)}"
     label = "ofat" if matrix.mode == "ofat" else f"t={report.strength}"
+    if matrix.mode == "cells" and not report.ok:
+        left = ", ".join("+".join(f"{factor}:{level_token(level)}" for factor, level in ttuple) for ttuple in report.missing)
+        print(f"coverage {label}: {report.covered}/{what} covered: {len(report.missing)} left out by [[cells]]: {left}")
+        return 0
+    state = "OK" if report.ok else f"MISSING {len(report.missing)}"
     print(f"coverage {label}: {report.covered}/{what} covered: {state}")
     return 0 if report.ok else 1
 

@@ -17,19 +17,19 @@ from types import MappingProxyType
 from fixtures.workloads import WORKLOADS
 from harness import sut
 from harness.matrix.model import (
-    MODES, Matrix, check_strength, index_constraints, level_token,
+    MODES, Matrix, check_strength, chosen_cells, generate, index_constraints, level_token,
     matrix_error, shown_path,
 )
 from harness.matrix.covering.fixedsize import DEFAULT_MOVES
 from harness.matrix.declared import DECLARED_TABLES, parse_declared
 from harness.matrix.tables import (
-    among, check_factor_name, check_keys, describe, levels_text, parse_constraints, parse_cost, parse_level_table,
-    parse_stronger, parse_workload_rules, parse_workloads, typed,
+    among, check_factor_name, check_keys, describe, levels_text, parse_cell_choices, parse_constraints, parse_cost,
+    parse_level_table, parse_stronger, parse_workload_rules, parse_workloads, typed,
 )
 from harness.sut.levels import EngineLevels, LevelError, TableError
 
 DEFAULT_TIMEOUT_S = 600.0
-_TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger", "workloads", *DECLARED_TABLES)
+_TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger", "workloads", "cells", *DECLARED_TABLES)
 _MATRIX_KEYS = ("name", "description", "engine", "mode", "strength", "search_moves", "workloads", "timeout_s")
 #: the most ``[matrix] search_moves`` a file may ask for (at 0.1-0.2 ms a move, under an hour).
 MAX_SEARCH_MOVES = 10_000_000
@@ -81,6 +81,7 @@ def load_matrix(
     cost = parse_cost(path, _table(path, doc, "cost", required=False), dict(factors), levels)
     stronger = parse_stronger(path, doc.get("stronger", []), dict(factors), header)
     rules = parse_workload_rules(path, doc.get("workloads", []), dict(factors), known_workloads, levels)
+    choices = parse_cell_choices(path, doc.get("cells", []), dict(factors), header, levels)
     declared = parse_declared(path, doc, lambda key, value: parse_level_table(path, key, value, dict(factors), levels))
     loaded = {**doc, "matrix": {**doc["matrix"], "timeout_s": header["timeout_s"]}}  # the cell's timeout, default or not
     try:
@@ -88,11 +89,13 @@ def load_matrix(
     except TableError as exc:
         raise matrix_error(path, exc.key, str(exc)) from exc
     matrix = Matrix(path=path, factors=factors, constraints=constraints, golden=golden, cost=cost,
-                      stronger=stronger, workload_rules=rules, engine_args=engine_args, **declared, **header)
+                      stronger=stronger, workload_rules=rules, engine_args=engine_args, cell_choices=choices,
+                      **declared, **header)
     if matrix.strength is not None:
         check_strength(matrix, matrix.strength, "[matrix] strength")
     _check_golden_allowed(matrix)
     _check_levels_reachable(matrix)
+    _check_cell_choices(matrix)
     _check_workload_rules_reachable(matrix)
     return matrix
 
@@ -221,8 +224,43 @@ def _parse_golden(
     return MappingProxyType({**engine.golden, **table})
 
 
+def _check_cell_choices(matrix: Matrix) -> None:
+    """Reject a ``[[cells]]`` entry that leaves a factor of several levels unnamed with no golden level among them,
+    chooses a cell a constraint forbids, or chooses no cell the entries before it did not; and a level of
+    ``[factors]`` in no chosen cell: a choice is explicit, and nothing it leaves out goes unsaid."""
+    chosen: set[tuple[tuple[str, object], ...]] = set()
+    for number, choice in enumerate(matrix.cell_choices, start=1):
+        where = f"[[cells]] #{number} choose"
+        for factor, levels in matrix.factors:
+            if factor not in choice.choose and len(levels) > 1 and not among(matrix.golden.get(factor), levels):
+                raise matrix_error(matrix.path, where, f"factor {factor!r} is not named and has no golden level among "
+                                   f"its levels ({levels_text(levels)}): name the level or levels it runs at")
+        cells = chosen_cells(matrix, choice)
+        for cell in cells:
+            culprit = next(((i, c) for i, c in enumerate(matrix.constraints, start=1) if c.forbids(cell.as_dict())), None)
+            if culprit is not None:
+                raise matrix_error(matrix.path, where, f"chooses {cell.cell_id}, which [[constraints]] #{culprit[0]} "
+                                   f"forbids ({culprit[1].reason})")
+        if chosen.issuperset(cell.factors for cell in cells):
+            raise matrix_error(matrix.path, where, "chooses no cell that the entries before it do not")
+        chosen.update(cell.factors for cell in cells)
+    for f, (factor, levels) in enumerate(matrix.factors if matrix.mode == "cells" else ()):
+        for level in levels:
+            if not any(among(level, [cell[f][1]]) for cell in chosen):
+                raise matrix_error(matrix.path, f"[factors] {factor}", f"level {level!r} is in no cell [[cells]] "
+                                   f"chooses (name it in an entry, or take it out of [factors])")
+
+
 def _check_workload_rules_reachable(matrix: Matrix) -> None:
-    """Reject a ``[[workloads]]`` entry no allowed row can match: it would silently never apply."""
+    """Reject a ``[[workloads]]`` entry no allowed row (in mode ``cells``, no chosen cell) can match: it would
+    silently never apply."""
+    if matrix.mode == "cells":
+        cells = generate(matrix)
+        for number, rule in enumerate(matrix.workload_rules, start=1):
+            if not any(rule.matches(cell.as_dict()) for cell in cells):
+                raise matrix_error(matrix.path, f"[[workloads]] #{number} when", "no cell [[cells]] chooses has these "
+                                   "levels")
+        return
     allowed = index_constraints(matrix)
     names = [factor for factor, _ in matrix.factors]
     for number, rule in enumerate(matrix.workload_rules, start=1):

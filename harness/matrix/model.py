@@ -1,8 +1,8 @@
-"""Matrices: the validated model of a matrix file, and its cells (full, t-wise, ofat).
+"""Matrices: the validated model of a matrix file, and its cells (full, t-wise, ofat, cells).
 
 A matrix names factors and their levels, forbidden combinations (each with a reason), the
-golden level of some factors, and the relative cost of some levels (t-wise mode puts dear
-levels in as few cells as coverage allows). ``harness.matrix.file`` reads and validates the
+golden level of some factors, the relative cost of some levels (t-wise mode puts dear
+levels in as few cells as coverage allows), and in mode ``cells`` the level combinations chosen to run. ``harness.matrix.file`` reads and validates the
 TOML; this module generates the cells. Generation is deterministic: the same file gives the
 same cells, in the same order, with the same ids.
 """
@@ -20,7 +20,7 @@ from types import MappingProxyType
 from harness.matrix import covering
 from harness.matrix.known import Expected, Tolerance, matches
 
-MODES = ("full", "t-wise", "ofat")
+MODES = ("full", "t-wise", "ofat", "cells")
 _ABSENT = object()
 
 
@@ -50,6 +50,15 @@ class WorkloadRule:
 
     def matches(self, row: Mapping[str, object]) -> bool:
         return matches(self.when, row)
+
+
+@dataclass(frozen=True, slots=True)
+class CellChoice:
+    """``[[cells]]``: cells chosen to run (a budget's choice, never a constraint): the product of the levels ``choose``
+    names, every factor it does not name at its golden level."""
+
+    choose: Mapping[str, tuple[object, ...]]
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +119,8 @@ class Matrix:
     expected: tuple[Expected, ...] = ()
     tolerances: tuple[Tolerance, ...] = ()
     engine_args: Mapping[str, object] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    #: ``[[cells]]``: in mode ``cells``, the cells chosen to run; the rest of the product runs only when ``--cell`` names it.
+    cell_choices: tuple[CellChoice, ...] = ()
 
     def expected_for(self, cell: Cell) -> dict | None:
         """The known failures ``cell`` is judged against: every ``[[expected]]`` entry it matches, merged (their
@@ -203,6 +214,9 @@ def generate_certified(matrix: Matrix) -> tuple[list[Cell], covering.Covering | 
         return [_cell_of_indices(matrix, row) for row in result.rows], result
     if matrix.mode == "ofat":
         return _one_factor_at_a_time(matrix), None
+    if matrix.mode == "cells":
+        chosen = {cell.factors: cell for choice in matrix.cell_choices for cell in chosen_cells(matrix, choice)}
+        return sorted(chosen.values(), key=lambda cell: _indices_of(matrix, cell)), None
     raise matrix_error(matrix.path, "[matrix] mode", f"unknown mode {matrix.mode!r} (modes: {', '.join(MODES)})")
 
 
@@ -234,6 +248,14 @@ def ofat_coverage(matrix: Matrix, cells: Sequence[Cell]) -> CoverageReport:
     held = {cell.factors for cell in cells}
     missing = tuple(change for change in required if _changed(base, change).factors not in held)
     return CoverageReport(strength=1, required=len(required), covered=len(required) - len(missing), missing=missing)
+
+
+def chosen_cells(matrix: Matrix, choice: CellChoice) -> list[Cell]:
+    """The cells one ``[[cells]]`` entry chooses, in the full product's order: its named levels crossed, every other
+    factor at its golden cell's level (the file loads only where that is its golden level or its one level)."""
+    base = matrix.golden_cell().factors
+    rows = itertools.product(*(choice.choose.get(factor, (level,)) for factor, level in base))
+    return [_cell(matrix, row) for row in rows]
 
 
 def _changed(base: Cell, change: tuple[tuple[str, object], ...]) -> Cell:

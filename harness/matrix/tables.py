@@ -1,6 +1,6 @@
 """The tables of a matrix file that name the factors' levels: ``[[constraints]]`` (forbidden combinations), ``[cost]``,
-``[[stronger]]`` (factor groups at a higher strength) and ``[[workloads]]`` (workloads by level), and the checks
-their values share; every problem is one ``MatrixError`` line naming the file, the key and the value at fault."""
+``[[stronger]]`` (factor groups at a higher strength), ``[[workloads]]`` (workloads by level) and ``[[cells]]`` (the
+cells chosen to run), and the checks their values share; every problem is one ``MatrixError`` line naming the file, the key and the value at fault."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
-from harness.matrix.model import Constraint, WorkloadRule, matrix_error
+from harness.matrix.model import CellChoice, Constraint, WorkloadRule, matrix_error
 from harness.sut.base import Engine
 from harness.sut.levels import EngineLevels
 
@@ -18,6 +18,7 @@ MAX_COST = 1e6
 _CONSTRAINT_KEYS = ("forbid", "reason")
 _STRONGER_KEYS = ("factors", "strength")
 _WORKLOAD_KEYS = ("when", "run", "reason")
+_CELLS_KEYS = ("choose", "reason")
 
 
 def describe(value: object) -> str:
@@ -208,3 +209,32 @@ def parse_workload_rules(
         when = parse_level_table(path, f"{where} when", entry["when"], factors, engine)
         rules.append(WorkloadRule(when, run, entry["reason"]))
     return tuple(rules)
+
+
+def parse_cell_choices(
+    path: Path, value: object, factors: dict[str, tuple[object, ...]], header: Mapping[str, object],
+    engine: EngineLevels,
+) -> tuple[CellChoice, ...]:
+    """Validate ``[[cells]]``: in mode ``cells`` (and only there) one entry or more, each a ``choose`` level table
+    and a reason saying why these cells run."""
+    if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
+        raise matrix_error(path, "[[cells]]", f"expected an array of tables, got {describe(value)}")
+    if header["mode"] == "cells" and not value:
+        raise matrix_error(path, "[[cells]]", "missing (mode 'cells' runs the cells its [[cells]] entries choose)")
+    choices = []
+    for i, entry in enumerate(value, start=1):
+        where = f"[[cells]] #{i}"
+        if header["mode"] != "cells":
+            raise matrix_error(path, where, f"only for mode 'cells', not {header['mode']!r}")
+        check_keys(path, where, entry, _CELLS_KEYS)
+        for key in _CELLS_KEYS:
+            if key not in entry:
+                raise matrix_error(path, f"{where} {key}", "missing required key")
+        typed(path, f"{where} reason", entry["reason"], (str,), "a non-empty string")
+        if not entry["reason"].strip():
+            raise matrix_error(path, f"{where} reason", "empty reason (say why these cells run)")
+        if entry["choose"] == {}:
+            raise matrix_error(path, f"{where} choose", "empty (name the level or levels of a factor or more)")
+        choose = parse_level_table(path, f"{where} choose", entry["choose"], factors, engine)
+        choices.append(CellChoice(choose, entry["reason"]))
+    return tuple(choices)
