@@ -59,20 +59,23 @@ class CacheRule(Protocol):
 @dataclass(frozen=True, slots=True)
 class Applied:
     """One setting as the cell asked for it and as the engine reports it applied (``used``); ``defeats`` says why
-    the difference defeats what the cell tests ("" when it does not, or when they agree)."""
+    the difference defeats what the cell tests ("" when it does not, or when they agree); ``rule`` cites the engine's
+    own documented rule that made the change, where one did (then the cell is judged by what it applied)."""
 
     what: str
     asked: object
     used: object
     defeats: str = ""
+    rule: str = ""
 
     @property
     def changed(self) -> bool:
         return self.asked != self.used
 
     def describe(self) -> str:
-        """``slots: asked 4, engine used 1``."""
-        return f"{self.what}: asked {self.asked}, engine used {self.used}"
+        """``slots: asked 4, engine used 1`` (and the engine's rule, where one made the change)."""
+        text = f"{self.what}: asked {self.asked}, engine used {self.used}"
+        return f"{text} ({self.rule})" if self.rule and self.changed else text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

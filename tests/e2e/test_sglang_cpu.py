@@ -31,4 +31,6 @@ def test_the_sglang_cpu_smoke_matrix_runs_to_verdicts(tmp_path: Path, monkeypatc
     (cached,) = [row for row in rows.values() if row["factors"]["cache"] == "device"]
     assert cached["oracles"]["cached_tokens"]["verdict"] == "pass", cached["oracles"]["cached_tokens"]
     assert cached["metrics"]["cached_tokens_warm"] > 0, cached["metrics"]
+    for row in rows.values():  # read back from /server_info: every setting the launch asks, as asked
+        assert row["oracles"]["applied"]["verdict"] == "pass" and not row.get("applied_changes"), row["oracles"]
     agrees_with_the_reference(rows)

@@ -26,7 +26,7 @@ import torch
 
 from fixtures.workloads import Workload
 from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
-from harness.sut.openai import LEVELS, llamacpp, vllm
+from harness.sut.openai import LEVELS, llamacpp, sglang, vllm
 from harness.sut.openai.launch import Launch, free_port
 from harness.sut.openai.server import ServerProcess
 from harness.sut.openai.wire import API, Reply, ServerError, field_at, metric_sums, pass_counters, request_output
@@ -39,7 +39,7 @@ TOP_LOGPROBS = 2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: how a healthy server is read back (``[server] read_back``): the cell's traits as it applied them (its cache rule,
 #: the settings it reports, its proposer's rule); a server read back by none keeps the shared paged-cache rule
-READ_BACK = {"llamacpp": llamacpp.read_traits, "vllm": vllm.read_traits}
+READ_BACK = {"llamacpp": llamacpp.read_traits, "sglang": sglang.read_traits, "vllm": vllm.read_traits}
 #: what a server's KV connectors moved so far, from its metrics: a PD pair's ledger (``[server] read_back``)
 MOVED = {"vllm": vllm.moved}
 #: seconds a cache reset is retried while the server answers that it could not (vLLM's ``{"success": false}`` while

@@ -27,7 +27,7 @@ decode"), and the decode server the request with the prefill answer's ``handoff`
     decode = { flags = ['--kv-transfer-config={{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}}'] }
 
 ``read_back`` names how a healthy server is read back (``harness.sut.openai.engine.READ_BACK``: what it applied and
-the rules its cells are judged by); the api's own where there is one (llama.cpp's), else nothing is read back.
+the rules its cells are judged by); the api's own where there is one (llama.cpp's, SGLang's), else nothing is read back.
 
 Strings may name ``{host}``, ``{port}``, ``{side_port}`` (a second free port per server), any factor's level (``{num_draft_tokens}``) and the artefacts made
 here (``PLACEHOLDERS``). Every key is checked when the file loads; the table then travels to the cell as a
@@ -64,7 +64,7 @@ MODEL_PLACEHOLDERS = ("checkpoint", "gguf")
 #: placeholders every cell has.
 CELL_PLACEHOLDERS = ("host", "port", "side_port")
 #: how a server may be read back after it starts (harness.sut.openai.engine.READ_BACK), and the api whose own it is.
-READ_BACKS = {"llamacpp": "llamacpp", "vllm": None}
+READ_BACKS = {"llamacpp": "llamacpp", "sglang": "sglang", "vllm": None}
 #: the factor whose levels other than ``off`` run a prefill server and a decode server (``[server.pd]``).
 PD_FACTOR = "pd"
 PD_ROLES = ("prefill", "decode")

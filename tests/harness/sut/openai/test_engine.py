@@ -279,7 +279,7 @@ flags = ['--cfg={{"n": {num_draft_tokens}, "slots": {slots}}}']
     (("{extra}", "[server.counters]\ndrafts = \"metric x_total\"\n"), "names neither accepted_tokens nor verify_steps"),
     (("slots = [1]\n", "slots = [1]\npd = [\"off\", \"nixl\"]\n"), "[factors] pd: levels other than off run"),
     (("{extra}", "[server.pd]\nhandoff = \"h\"\nrequest = {{}}\nlevels = {{}}\n"), "[server.pd]: no [factors] pd"),
-    (('api = "openai"', 'api = "openai"\nread_back = "sglang"'), "unknown read-back 'sglang'"),
+    (('api = "openai"', 'api = "openai"\nread_back = "tgi"'), "unknown read-back 'tgi'"),
 ])
 def test_a_bad_server_table_names_the_file_and_key(tmp_path: Path, edit: tuple[str, str], needle: str) -> None:
     path = write_matrix(tmp_path)
