@@ -32,5 +32,7 @@ def test_the_sglang_cpu_smoke_matrix_runs_to_verdicts(tmp_path: Path, monkeypatc
     assert cached["oracles"]["cached_tokens"]["verdict"] == "pass", cached["oracles"]["cached_tokens"]
     assert cached["metrics"]["cached_tokens_warm"] > 0, cached["metrics"]
     for row in rows.values():  # read back from /server_info: every setting the launch asks, as asked
-        assert row["oracles"]["applied"]["verdict"] == "pass" and not row.get("applied_changes"), row["oracles"]
+        assert row["oracles"]["applied"]["verdict"] == "pass", row["oracles"]["applied"]
+        assert row["metrics"]["applied"]["page_size"] == row["factors"]["page_size"], row["metrics"]
+        assert row["metrics"]["applied_changes"] == [], row["metrics"]
     agrees_with_the_reference(rows)
