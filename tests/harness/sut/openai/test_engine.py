@@ -143,7 +143,8 @@ def test_a_request_may_take_longer_than_a_start(tmp_path: Path) -> None:
 #: one cell run as the test's own process would, in a process of its own: a Ctrl-C there is heard by a main thread
 #: that no other test has touched (in a test worker it was lost twice in the whole suite, never alone)
 RUN_ONE_CELL = """
-import sys
+import faulthandler, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for every thread's stack if it hangs
 from harness.matrix.file import load_matrix
 from harness.matrix.model import generate
 from harness.run.cell import run_cell
@@ -172,7 +173,14 @@ def test_ctrl_c_mid_pass_leaves_no_server(tmp_path: Path) -> None:
             assert run.poll() is None and time.monotonic() < deadline, "the pass never reached the hung request"
             time.sleep(0.05)
         run.send_signal(signal.SIGINT)
-        assert run.wait(timeout=60) == 130, run.stderr.read()
+        try:
+            code = run.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # where it is stuck, for the next time this flakes
+            run.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            run.kill()
+            pytest.fail(f"no exit within 60 s of SIGINT; its threads:\n{run.communicate()[1][-6000:]}")
+        assert code == 130, run.stderr.read()
     finally:
         run.kill()
     assert alive(tmp_path) == []
