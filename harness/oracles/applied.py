@@ -15,7 +15,8 @@ from harness.results.rows import Verdict
 #: what fails this oracle, one line (``harness oracles``, docs/reference/oracles.md).
 FAILS_WHEN = (
     "the engine applied a setting other than the one the cell asked for, read back from it (a slot count, a KV "
-    "layout, a proposer it dropped), and the change defeats what the cell tests; skipped where nothing is read back"
+    "layout, a proposer it dropped), and the change defeats what the cell tests (a change the engine's own documented "
+    "rule makes is shown with its citation, not failed); skipped where nothing is read back"
 )
 
 
