@@ -2,8 +2,8 @@
 
 A matrix names factors and their levels, forbidden combinations (each with a reason), the
 golden level of some factors, the relative cost of some levels (t-wise mode puts dear
-levels in as few cells as coverage allows), and in mode ``cells`` the level combinations chosen to run. ``harness.matrix.file`` reads and validates the
-TOML; this module generates the cells. Generation is deterministic: the same file gives the
+levels in as few cells as coverage allows), and in mode ``cells`` the level combinations chosen to run.
+``harness.matrix.file`` reads and validates the TOML; this module generates the cells. Generation is deterministic: the same file gives the
 same cells, in the same order, with the same ids.
 """
 from __future__ import annotations
@@ -251,8 +251,8 @@ def ofat_coverage(matrix: Matrix, cells: Sequence[Cell]) -> CoverageReport:
 
 
 def chosen_cells(matrix: Matrix, choice: CellChoice) -> list[Cell]:
-    """The cells one ``[[cells]]`` entry chooses, in the full product's order: its named levels crossed, every other
-    factor at its golden cell's level (the file loads only where that is its golden level or its one level)."""
+    """The cells one ``[[cells]]`` entry chooses: its named levels crossed, every other factor at its golden cell's
+    level (the file loads only where that is its golden level or its one level); ``generate`` puts them in order."""
     base = matrix.golden_cell().factors
     rows = itertools.product(*(choice.choose.get(factor, (level,)) for factor, level in base))
     return [_cell(matrix, row) for row in rows]
