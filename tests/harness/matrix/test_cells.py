@@ -66,6 +66,12 @@ def test_the_chosen_cells_run_in_the_products_order_each_once(tmp_path: Path) ->
     assert [cell_id for cell_id in product if cell_id in ids] == ids, "a chosen cell has the id the full product gives it"
 
 
+def test_an_entry_lists_levels_in_any_order(tmp_path: Path) -> None:
+    reordered = CELLS.replace('model = ["dense", "hybrid"], cache = ["off", "device"]', 'cache = ["device", "off"], model = ["hybrid", "dense"]')
+    assert reordered != CELLS
+    assert matrix_model.generate(load(tmp_path, reordered)) == matrix_model.generate(load(tmp_path))
+
+
 def test_overlapping_entries_choose_a_cell_once(tmp_path: Path) -> None:
     text = CELLS.replace("# END", '[[cells]]\nchoose = { model = "dense", cache = "device", page_size = [1, 16] }\n'
                                   'reason = "dense at both page sizes"\n')
