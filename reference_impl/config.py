@@ -65,6 +65,12 @@ class ModelConfig:
     rms_eps: float = 1e-6
     seed: int = 1234
     mamba: Mamba2Config = field(default_factory=lambda: Mamba2Config(hidden=64))
+    #: a trained model's Llama checkpoint (one safetensors file) whose weights replace the seeded ones; None: seeded
+    weights: str | None = None
+    #: end-of-generation tokens no step chooses: every request asks for exactly its max_new_tokens, and the engines
+    #: mask these until then (vLLM's min_tokens processor censors the EOS, llama.cpp's ignore_eos biases it to -inf);
+    #: the logprobs stay the raw ones, as vLLM returns them
+    stop_tokens: tuple[int, ...] = ()
 
     @property
     def num_layers(self) -> int:

@@ -197,7 +197,8 @@ def no_program(engine_args: Mapping[str, object]) -> str | None:
     return None
 
 
-def no_cross_golden(levels: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
+def no_cross_golden(levels: Mapping[str, object],
+                    engine_args: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
     """An engine no other engine serves the same function as."""
     return None
 
@@ -218,9 +219,10 @@ class Engine:
     parse_tables: ParseTables = no_tables
     #: why the program it launches is not here (not built, not installed), found when the matrix is loaded
     launch_problem: Callable[[Mapping[str, object]], str | None] = no_launch_problem
-    #: the other engine (name, golden levels) that serves the same function as a cell's full levels: the
-    #: cross_engine oracle's reference
-    cross_golden: Callable[[Mapping[str, object]], tuple[str, dict[str, object]] | None] = no_cross_golden
+    #: the other engine (name, golden levels) that serves the same function as a cell's full levels and engine
+    #: arguments: the cross_engine oracle's reference
+    cross_golden: Callable[[Mapping[str, object], Mapping[str, object]],
+                           tuple[str, dict[str, object]] | None] = no_cross_golden
     #: the version of what it drives, read without starting it (the run header records it; ``--resume`` refuses
     #: to mix rows of two versions)
     version: Callable[[Mapping[str, object]], str | None] = no_version

@@ -29,6 +29,7 @@ import torch
 
 from safetensors.torch import save_file
 from reference_impl.config import DENSE32, ModelConfig
+from reference_impl.model.hf_names import hf_parameters
 from reference_impl.model.tiny_lm import load_model
 
 from .weights import eagle_head, hybrid_tensors, scaled_randn
@@ -133,26 +134,9 @@ def llama_config(cfg: ModelConfig, *, architecture: str = "LlamaForCausalLM") ->
 
 
 def dense_tensors(cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """The reference TinyLM's weights for ``cfg`` under HF Llama names (every one is ``x @ W.T``, as nn.Linear)."""
-    if cfg.is_hybrid:
-        raise ValueError(f"dense export: model {cfg.name!r} has Mamba2 layers; only all-attention models map to Llama")
-    model = load_model(cfg, "cpu", torch.float32)
-    out = {"model.embed_tokens.weight": model.embed, "model.norm.weight": model.final_norm, "lm_head.weight": model.lm_head}
-    for i, (block, mlp) in enumerate(zip(model.blocks, model.mlps)):
-        prefix = f"model.layers.{i}."
-        attn = block.mixer
-        out |= {
-            prefix + "input_layernorm.weight": block.norm1,
-            prefix + "post_attention_layernorm.weight": block.norm2,
-            prefix + "self_attn.q_proj.weight": attn.wq,
-            prefix + "self_attn.k_proj.weight": attn.wk,
-            prefix + "self_attn.v_proj.weight": attn.wv,
-            prefix + "self_attn.o_proj.weight": attn.wo,
-            prefix + "mlp.gate_proj.weight": mlp.w_gate,
-            prefix + "mlp.up_proj.weight": mlp.w_up,
-            prefix + "mlp.down_proj.weight": mlp.w_down,
-        }
-    return {name: t.detach().clone() for name, t in out.items()}
+    """The reference TinyLM's weights for ``cfg`` under HF Llama names (``hf_parameters``: the table a trained
+    checkpoint is read back into the reference by)."""
+    return {name: t.detach().clone() for name, t in hf_parameters(load_model(cfg, "cpu", torch.float32)).items()}
 
 
 def dense_recipe(cfg: ModelConfig = SERVED_DENSE) -> Recipe:

@@ -123,7 +123,7 @@ class ModelRunner:
         """Greedy verification: emit the accepted drafts plus the bonus token, roll Mamba states back to match."""
         logits = self.model.logits(hidden, deterministic=self.deterministic).float()
         self._sentinel("logits", logits)
-        targets = logits.argmax(dim=-1).tolist()
+        targets = self._choosable(logits).argmax(dim=-1).tolist()
         for r, chunk in enumerate(chunks):
             q0 = batch.qo_indptr[r]
             accepted = greedy_accept(chunk.draft, targets[q0 : q0 + len(chunk.draft)])
@@ -137,12 +137,22 @@ class ModelRunner:
                 slot = batch.state_slots[r]
                 conv[slot], ssm[slot] = scratch.conv[layer][r, accepted], scratch.ssm[layer][r, accepted]
 
+    def _choosable(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` as greedy chooses from them: the model's stop tokens never (``ModelConfig.stop_tokens``)."""
+        stop = self.model.cfg.stop_tokens
+        if not stop:
+            return logits
+        masked = logits.clone()
+        masked[:, list(stop)] = float("-inf")
+        return masked
+
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
         logprobs = torch.log_softmax(logits, dim=-1)
         top_lp, top_ids = logprobs.topk(max(self.topk, 2), dim=-1)
-        top2 = logits.topk(2, dim=-1).values
+        choosable = self._choosable(logits)
+        top2 = choosable.topk(2, dim=-1).values
         margins = (top2[:, 0] - top2[:, 1]).tolist()
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens = choosable.argmax(dim=-1).tolist()
         for i, req in enumerate(reqs):
             out = req.output
             out.tokens.append(tokens[i])

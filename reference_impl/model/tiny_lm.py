@@ -241,5 +241,11 @@ def linear_for(deterministic: bool) -> Linear:
 
 @lru_cache(maxsize=8)
 def load_model(cfg: ModelConfig, device: str, dtype: torch.dtype) -> TinyLM:
-    """The seeded model for ``cfg``; weights are read-only, so engines share one instance."""
-    return TinyLM(cfg, device=device, dtype=dtype)
+    """The model for ``cfg``: seeded, or a trained checkpoint's weights (``cfg.weights``); weights are read-only, so
+    engines share one instance."""
+    model = TinyLM(cfg, device=device, dtype=dtype)
+    if cfg.weights is not None:
+        from reference_impl.model.hf_names import read_hf_weights
+
+        read_hf_weights(model, cfg.weights)
+    return model

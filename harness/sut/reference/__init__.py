@@ -48,15 +48,22 @@ LEVELS = EngineLevels(
 
 
 #: a model made here for the real engines (harness.sut.checkpoints) → the reference model level that computes the same
-#: function: DENSE at head_dim 32, named by import path (a level of its own would join every fault matrix's models).
-MADE_MODEL_LEVELS: Mapping[str, str] = MappingProxyType({"dense": "reference_impl.config:DENSE32"})
+#: function: DENSE at head_dim 32, named by import path (a level of its own would join every fault matrix's models);
+#: a trained model's checkpoint read into the reference (``harness.sut.reference.trained``).
+MADE_MODEL_LEVELS: Mapping[str, str] = MappingProxyType({"dense": "reference_impl.config:DENSE32",
+                                                         "smollm2": "harness.sut.reference.trained:SMOLLM2"})
+#: golden levels a made model's cross golden changes: SmolLM2 (30 layers, vocab 49,152) takes a minute or more a pass
+#: with the batch-invariant kernels, seconds without (BENCHMARKS.md, "SmolLM2"); cross_engine is tie-aware either way
+MADE_MODEL_GOLDEN: Mapping[str, Mapping[str, object]] = MappingProxyType({"smollm2": {"deterministic": "off"}})
 
 
-def serving_made_model(levels: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
+def serving_made_model(levels: Mapping[str, object],
+                       engine_args: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
     """The reference engine's golden levels serving the weights a real engine's cell was given (its ``model``), for
     the cross_engine oracle; None for a model the reference does not compute."""
-    model = MADE_MODEL_LEVELS.get(str(levels["model"]))
-    return ("reference", {**LEVELS.golden, "model": model}) if model else None
+    name = str(levels["model"])
+    model = MADE_MODEL_LEVELS.get(name)
+    return ("reference", {**LEVELS.golden, "model": model, **MADE_MODEL_GOLDEN.get(name, {})}) if model else None
 
 
 def _open(levels: Mapping[str, object], faults: frozenset[str], device: str,
