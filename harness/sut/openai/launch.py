@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from harness.sut.openai.table import placeholders
@@ -71,6 +71,19 @@ def artefact(name: str, levels: Mapping[str, object]) -> str:
     if name == "root":
         return str(ROOT)
     raise KeyError(name)
+
+
+def flag_value(argv: Sequence[str], i: int, read: Callable[[str], object]) -> object:
+    """The value of the flag at ``argv[i]`` (``--name value`` or ``--name=value``) as ``read`` reads it; ServerError
+    naming the flag where the launch ends at it or its value does not read."""
+    flag, eq, inline = argv[i].partition("=")
+    text = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    if text is None:
+        raise ServerError(f"the launch ends at {flag}: no value")
+    try:
+        return read(text)
+    except ValueError as exc:
+        raise ServerError(f"the launch's {flag} {text!r} does not read: {exc}") from None
 
 
 def serves_shipped_gguf(server: Mapping, levels: Mapping[str, object]) -> bool:

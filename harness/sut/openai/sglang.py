@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from harness.sut.base import Applied, Traits
+from harness.sut.openai.launch import flag_value
 from harness.sut.openai.wire import ServerError
 from harness.sut.rules import PagedPrefixCache
 
@@ -86,21 +87,12 @@ def asked(argv: Sequence[str]) -> dict[str, object]:
     a switch the launch leaves out is False."""
     arguments: dict[str, object] = {name: False for name, f in FIELDS.items() if f.read is None}
     for i, arg in enumerate(argv):
-        flag, eq, inline = arg.partition("=")
+        flag = arg.partition("=")[0]
         name = flag.removeprefix("--").replace("-", "_")
         if not flag.startswith("--") or name not in FIELDS:
             continue
         read = FIELDS[name].read
-        if read is None:
-            arguments[name] = True
-            continue
-        text = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-        if text is None:
-            raise ServerError(f"the launch ends at {flag}: no value")
-        try:
-            arguments[name] = read(text)
-        except ValueError as exc:
-            raise ServerError(f"the launch's {flag} {text!r} does not read: {exc}") from None
+        arguments[name] = True if read is None else flag_value(argv, i, read)
     return arguments
 
 

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from harness.sut.base import Traits
+from harness.sut.openai.launch import flag_value
 from harness.sut.openai.wire import ServerError, samples
 from harness.sut.vllm.arguments import drops_eagle_block, read_back, replay_rule, whole_drafts
 from harness.sut.vllm.child import CONNECTOR_COUNTERS, NIXL_BYTES, connector_counters
@@ -44,16 +45,10 @@ def asked(argv: Sequence[str]) -> dict[str, object]:
     """The ``vllm.LLM`` arguments the launch's flags set (the last of a repeated flag wins, as argparse has it)."""
     arguments: dict[str, object] = {}
     for i, arg in enumerate(argv):
-        flag, eq, inline = arg.partition("=")
+        flag = arg.partition("=")[0]
         if flag in VALUED:
             name, read = VALUED[flag]
-            text = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-            if text is None:
-                raise ServerError(f"the launch ends at {flag}: no value")
-            try:
-                arguments[name] = read(text)
-            except ValueError as exc:
-                raise ServerError(f"the launch's {flag} {text!r} does not read: {exc}") from None
+            arguments[name] = flag_value(argv, i, read)
         elif arg in SWITCHES:
             name, value = SWITCHES[arg]
             arguments[name] = value
