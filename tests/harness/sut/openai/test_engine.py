@@ -145,6 +145,8 @@ def test_a_request_may_take_longer_than_a_start(tmp_path: Path) -> None:
 RUN_ONE_CELL = """
 import faulthandler, signal, sys
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for every thread's stack if it hangs
+print("SIGINT at start:", signal.getsignal(signal.SIGINT), "blocked:", signal.pthread_sigmask(signal.SIG_BLOCK, []),
+      file=sys.stderr)
 from harness.matrix.file import load_matrix
 from harness.matrix.model import generate
 from harness.run.cell import run_cell
@@ -158,6 +160,13 @@ except KeyboardInterrupt:
 """
 
 
+def _sigint_as_a_terminal_sends_it() -> None:
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_mid_pass_leaves_no_server(tmp_path: Path) -> None:
     import signal
     import subprocess
@@ -165,8 +174,11 @@ def test_ctrl_c_mid_pass_leaves_no_server(tmp_path: Path) -> None:
     path = write_matrix(tmp_path, "hang:1")
     hanging = tmp_path / "pids.hanging"  # the stand-in's mark: it holds a request unanswered
     root = FAKE.parents[2]
+    # a child inherits its starter's blocked and ignored signals: an earlier test of this worker may have left SIGINT
+    # so, and the Ctrl-C would never reach the run (make test saw it run to its end, exit 0); a terminal's does reach it
     run = subprocess.Popen([sys.executable, "-c", RUN_ONE_CELL, str(path)], cwd=root,
-                           env={**os.environ, "PYTHONPATH": str(root)}, stderr=subprocess.PIPE, text=True)
+                           env={**os.environ, "PYTHONPATH": str(root)}, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=_sigint_as_a_terminal_sends_it)
     try:
         deadline = time.monotonic() + 120
         while not hanging.exists():
