@@ -33,20 +33,32 @@ class Command:
         return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in self.env.items()), shlex.join(self.argv)])
 
 
-def definitions(module: ModuleType) -> tuple[list[str], str]:
+def _defines(node: ast.stmt) -> set[str]:
+    """The names a top-level statement defines (a function's, a class's, an assignment's targets)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return {name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name)}
+
+
+def definitions(module: ModuleType, names: Sequence[str] | None = None) -> tuple[list[str], str]:
     """``module``'s import lines (``from __future__`` and a sibling's, whose definitions a script copies in as well,
-    left out) and the source of everything else it defines, its docstring left out: what a script copies in."""
+    left out) and the source of everything else it defines, its docstring left out: what a script copies in. With
+    ``names``, those definitions alone and no import (what they need, the script imports beside them)."""
     source = inspect.getsource(module)
     tree = ast.parse(source)
     imports, body = [], []
     for node in tree.body:
-        text = ast.get_source_segment(source, node, padded=True)
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
+        start = node.decorator_list[0].lineno if getattr(node, "decorator_list", None) else node.lineno
+        text = "\n".join(source.splitlines()[start - 1 : node.end_lineno])
+        if names is not None:
+            if _defines(node) & set(names):
+                body.append(text)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
             if not (isinstance(node, ast.ImportFrom) and (node.module == "__future__" or node.level)):
                 imports.append(text)
         elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
-            start = node.decorator_list[0].lineno if getattr(node, "decorator_list", None) else node.lineno
-            body.append("\n".join(source.splitlines()[start - 1 : node.end_lineno]))
+            body.append(text)
     return imports, "\n\n\n".join(body)
 
 

@@ -15,7 +15,7 @@ from harness.repro.scripts.text import (
 from harness.repro.standalone import checks, vllm as standalone
 from harness.sut import weights
 from harness.sut.checkpoints import checkpoint_dir
-from harness.sut.vllm import ENGINE, LEVELS, vllm_python
+from harness.sut.vllm import ENGINE, LEVELS, child, vllm_python
 from harness.sut.vllm.arguments import engine_arguments, tight_blocks
 from harness.sut.vllm.child import DEFAULT_ARGS, FORCED_ARGS
 from harness.sut.vllm.connectors import PD_ROLES, pd_config
@@ -23,6 +23,8 @@ from harness.sut.vllm.pd import TIER_PAIR_ARGS
 
 #: where a storage tier's directory goes in the arguments (the script gives each setting a temporary one).
 TIER = Path("tier")
+#: what the standalone engine code reads metrics and the KV layout with: the harness child's own, copied in.
+CHILD_DEFINITIONS = ("CONNECTOR_COUNTERS", "NIXL_BYTES", "connector_counters", "kv_layout")
 
 
 def python() -> str:
@@ -94,7 +96,8 @@ def script(repro: Reproducer, path: Path) -> str:
     """The text of ``repro``'s script, to be written at ``path``."""
     failing, toggled = arguments(repro, repro.plan.levels), arguments(repro, repro.toggled_levels)
     used = {*models(failing), *models(toggled)}
-    sources = [definitions(module) for module in (checks, weights, standalone)]
+    sources = [*(definitions(module) for module in (checks, weights)), definitions(child, CHILD_DEFINITIONS),
+               definitions(standalone)]
     doc = docstring(repro, "vLLM's offline API", [], engine_lines(), [
         "Run it with vLLM's interpreter (it imports vllm, torch and safetensors alone; no model download):",
         f"  {command(Path('repro.py')).text()}",

@@ -2,8 +2,9 @@
 engines in processes of their own (the script run again with ``--engine``, answering a JSON line per round), as the
 harness runs one vLLM child per engine: one engine's state or crash (a SIGILL) never reaches another run. A setting
 is one engine's ``vllm.LLM`` arguments, or a PD pair's (``{"prefill": ..., "decode": ...}``, NIXL over loopback),
-each round prefilled on one, handed over as vLLM's toy proxy hands it, and decoded on the other. Imports vllm (in an
-engine's process alone), torch and safetensors (``harness.sut.weights``'), the standard library."""
+each round prefilled on one, handed over as vLLM's toy proxy hands it, and decoded on the other, which counts what
+NIXL moved. Imports vllm (in an engine's process alone), torch and safetensors (``harness.sut.weights``'), the
+standard library; the harness child's metric readers (``harness.sut.vllm.child``) are copied in beside it."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-# a script carries weights' definitions beside these
+# a script carries these definitions beside its own
+from ...sut.vllm.child import connector_counters, kv_layout
 from ...sut.weights import dense_tensors, eagle_head, hybrid_tensors, write_checkpoint
 
 #: vLLM's speculative counters (``LLM.get_metrics()``), by the key a pass gives them.
@@ -62,13 +64,19 @@ def resolve(arguments: object, paths: dict[str, str], tier: str) -> object:
     return [resolve(value, paths, tier) for value in arguments] if isinstance(arguments, list) else arguments
 
 
-def spec_counters(llm) -> dict[str, int]:
-    """The speculative counters so far, summed over their label sets."""
+def spec_counters(metrics: list) -> dict[str, int]:
+    """The speculative counters of a metrics snapshot (``LLM.get_metrics()``), summed over their label sets."""
     totals = dict.fromkeys(SPEC_COUNTERS, 0)
-    for metric in llm.get_metrics():
+    for metric in metrics:
         for key, name in SPEC_COUNTERS.items():
             totals[key] += int(metric.value) if metric.name == name else 0
     return totals
+
+
+def grown(counters, before: list, after: list) -> dict[str, int]:
+    """What ``counters`` (a reader of a metrics snapshot) grew by from ``before`` to ``after``."""
+    old, new = counters(before), counters(after)
+    return {key: new[key] - old[key] for key in new}
 
 
 def plain(rid: str, result) -> dict:
@@ -87,7 +95,8 @@ def plain(rid: str, result) -> dict:
 
 def generate(llm, ask: dict) -> dict:
     """One round on ``llm``: each ``(rid, prompt, max_new_tokens, priority)`` greedy, exactly its tokens (or
-    ``max_tokens``), with its side of a PD handoff (``handoffs``); the outputs and the counters it moved."""
+    ``max_tokens``), with its side of a PD handoff (``handoffs``); the outputs and the counters it moved: the
+    speculative ones, and the KV connector's (``connector_counters``: NIXL's bytes, the prompt tokens by source)."""
     from vllm import SamplingParams, TokensPrompt
 
     group, handoffs = ask["group"], ask.get("handoffs") or [None] * len(ask["group"])
@@ -96,16 +105,17 @@ def generate(llm, ask: dict) -> dict:
                              or n, ignore_eos=True, logprobs=2, detokenize=False,
                              extra_args={"kv_transfer_params": handoff} if handoff else None)
               for (_, _, n, _), handoff in zip(group, handoffs)]
-    before = spec_counters(llm)
+    before = llm.get_metrics()
     results = llm.generate(prompts, params, use_tqdm=False, priority=[priority for *_, priority in group])
-    after = spec_counters(llm)
+    after = llm.get_metrics()
     return {"outputs": [plain(rid, result) for (rid, *_), result in zip(group, results)],
-            "spec": {key: after[key] - before[key] for key in SPEC_COUNTERS}}
+            "spec": grown(spec_counters, before, after), "moved": grown(connector_counters, before, after)}
 
 
 def engine_main() -> None:
-    """``--engine ARGUMENTS.json``: one ``vllm.LLM``, then a JSON answer per JSON line on stdin (a round, or
-    ``{"reset": true}`` to empty the device prefix cache). Answers go to a copy of stdout; vLLM's logs to stderr."""
+    """``--engine ARGUMENTS.json``: one ``vllm.LLM``, then a JSON answer per JSON line on stdin (a round,
+    ``{"reset": true}`` to empty the device prefix cache, or ``{"layout": true}`` for its KV layout, ``kv_layout``).
+    Answers go to a copy of stdout; vLLM's logs to stderr."""
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, as the harness runs it
@@ -116,8 +126,8 @@ def engine_main() -> None:
         answers.write(json.dumps({"started": True}) + "\n")
         for line in sys.stdin:
             ask = json.loads(line)
-            answer = {"reset": llm.reset_prefix_cache(reset_connector=False)} if ask.get("reset") else generate(llm,
-                                                                                                                 ask)
+            answer = ({"reset": llm.reset_prefix_cache(reset_connector=False)} if ask.get("reset") else
+                      kv_layout(llm) if ask.get("layout") else generate(llm, ask))
             answers.write(json.dumps(answer) + "\n")
     except Exception as exc:  # the failure may be this very exception
         answers.write(json.dumps({"raised": f"{type(exc).__name__}: {exc}"}) + "\n")
@@ -182,7 +192,8 @@ def free_port() -> int:
 def serve(label: str, setting: dict, rounds: list[list[tuple]], directory: Path) -> dict:
     """A cold pass then a warm pass of ``rounds`` (one ``generate`` a round) on the setting's engine, or its PD pair;
     with a KV connector below the prefix cache (a tier) the device cache is emptied before the warm pass, which must
-    then load. Each pass keeps the counters of the engine that decodes."""
+    then load. Each pass keeps the counters of the engine that decodes; a pair's, its ledger too (``pd``): the bytes
+    NIXL moved into the decode side, its own prefix hit (tokens), the prompts' lengths and its KV layout."""
     pair = "decode" in setting
     sides = {"prefill": setting["prefill"], "decode": setting["decode"]} if pair else {"engine": setting}
     run, engines = {"raised": None, "passes": {}}, {}
@@ -192,10 +203,11 @@ def serve(label: str, setting: dict, rounds: list[list[tuple]], directory: Path)
             engines[side] = Engine(f"{label}.{side}", arguments, directory, env)
         for engine in engines.values():
             engine.answer()
+        layout = engines["decode"].ask({"layout": True}) if pair else None
         for name in ("cold", "warm"):
             if name == "warm" and not pair and "kv_transfer_config" in setting:
                 engines["engine"].ask({"reset": True})
-            outputs, spec = [], dict.fromkeys(SPEC_COUNTERS, 0)
+            outputs, spec, moved = [], dict.fromkeys(SPEC_COUNTERS, 0), {"nixl_bytes": 0, "local_cache_hit": 0}
             for group in rounds:
                 handoffs = None
                 if pair:
@@ -205,7 +217,11 @@ def serve(label: str, setting: dict, rounds: list[list[tuple]], directory: Path)
                 decoded = engines["decode" if pair else "engine"].ask({"group": group, "handoffs": handoffs})
                 outputs += decoded["outputs"]
                 spec = {key: spec[key] + decoded["spec"][key] for key in SPEC_COUNTERS}
+                moved = {key: moved[key] + decoded["moved"][key] for key in moved}
             run["passes"][name] = {"outputs": outputs, "audit": [], "nan_events": 0, "spec": spec}
+            if pair:
+                run["passes"][name]["pd"] = {**layout, "bytes": moved["nixl_bytes"], "hit": moved["local_cache_hit"],
+                                             "prompts": [len(prompt) for group in rounds for _, prompt, _, _ in group]}
     except EngineEnded as exc:
         run["raised"] = str(exc)
     finally:

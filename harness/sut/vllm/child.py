@@ -121,24 +121,10 @@ class Child:
         return {"reset": bool(done), "steps": steps}
 
     def layout(self, msg: dict) -> dict:
-        """The KV cache as applied: its block size, the bytes one block of every attention layer holds and the
-        bytes of one request's state in every Mamba layer (what a KV connector moves), read from the engine core
-        when it runs in this process (None for both otherwise)."""
+        """The KV cache as applied (``kv_layout``)."""
         if self.llm is None:
             raise ProtocolError("layout: no engine yet (send start first)")
-        block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)
-        try:
-            groups = self.llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.kv_cache_groups
-        except AttributeError:  # an engine core in another process: not readable from here
-            return {"block_size": block_size, "block_bytes": None, "state_bytes": None}
-        sizes = {"block_bytes": 0, "state_bytes": 0}
-        for group in groups:
-            spec = group.kv_cache_spec
-            per_layer = getattr(spec, "kv_cache_specs", None) or dict.fromkeys(group.layer_names, spec)
-            for layer_spec in per_layer.values():
-                kind = "state_bytes" if "Mamba" in type(layer_spec).__name__ else "block_bytes"
-                sizes[kind] += int(layer_spec.real_page_size_bytes)
-        return {"block_size": block_size, **sizes}
+        return kv_layout(self.llm)
 
     def serve(self, msg: dict) -> dict:
         if self.llm is None:
@@ -202,6 +188,26 @@ def applied_config(llm: Any) -> dict:
             "spec_method": None if spec is None else str(spec.method),
             "num_speculative_tokens": None if spec is None else int(spec.num_speculative_tokens),
             "drops_eagle_block": spec is not None and bool(spec.use_eagle_block_drop())}
+
+
+def kv_layout(llm: Any) -> dict:
+    """The KV cache as applied: its block size, the bytes one block of every KV cache group's attention layers holds
+    (a proposer's group too) and the bytes of one request's state in every Mamba layer: what a KV connector moves.
+    Read from the engine core in this process (None for both bytes where it runs in another). A reproducer script
+    copies this function."""
+    block_size = int(llm.llm_engine.vllm_config.cache_config.block_size)
+    try:
+        groups = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.kv_cache_groups
+    except AttributeError:  # an engine core in another process: not readable from here
+        return {"block_size": block_size, "block_bytes": None, "state_bytes": None}
+    sizes = {"block_bytes": 0, "state_bytes": 0}
+    for group in groups:
+        spec = group.kv_cache_spec
+        per_layer = getattr(spec, "kv_cache_specs", None) or dict.fromkeys(group.layer_names, spec)
+        for layer_spec in per_layer.values():
+            kind = "state_bytes" if "Mamba" in type(layer_spec).__name__ else "block_bytes"
+            sizes[kind] += int(layer_spec.real_page_size_bytes)
+    return {"block_size": block_size, **sizes}
 
 
 def count_evictions(llm: Any) -> list[int] | None:

@@ -1,15 +1,21 @@
 """The vLLM reproducer's parts that need no vLLM: the checkpoints it rebuilds are the ones the harness serves, its
-toggled arguments are the failing ones with one setting changed, and its counted accept-length check."""
+toggled arguments are the failing ones with one setting changed, its counted accept-length check, and the harness
+child's definitions it copies in."""
 from __future__ import annotations
+
+import ast
+import inspect
 
 import torch
 from safetensors.torch import load_file
 
-from harness.repro.scripts import vllm as writer
+from harness.repro.scripts import text, vllm as writer
+from harness.repro.scripts.text import definitions
 from harness.repro.standalone import checks, vllm as standalone
 from harness.sut.checkpoints import (
     HYBRID_SEED, SERVED_DENSE, dense_tensors, draft_tensors, eagle_tensors, hybrid_config, hybrid_tensors,
 )
+from harness.sut.vllm import child
 
 
 def test_the_inline_recipes_rebuild_the_checkpoints_the_harness_serves(tmp_path) -> None:
@@ -49,3 +55,15 @@ def test_a_counted_accept_length_is_judged_by_the_toggled_runs_counters() -> Non
     assert present and expected == "warm: 13 drafts, 26 draft tokens, 20 accepted (the toggled run's)"
     assert got == "14 drafts, 28 draft tokens, 20 accepted"
     assert not checks.judge_accept_length(check, counted(13, 20), counted(13, 20))[2]
+
+
+def test_the_script_copies_the_child_definitions_the_standalone_code_imports() -> None:
+    """The standalone engine code reads metrics and the KV layout with the harness child's functions: the script
+    carries exactly those, each defined once."""
+    tree = ast.parse(inspect.getsource(standalone))
+    imported = {alias.name for node in tree.body if isinstance(node, ast.ImportFrom) and node.module == "sut.vllm.child"
+                for alias in node.names}
+    assert imported and imported <= set(writer.CHILD_DEFINITIONS)
+    _, source = definitions(child, writer.CHILD_DEFINITIONS)
+    defined = [name for node in ast.parse(source).body for name in text._defines(node)]
+    assert sorted(defined) == sorted(writer.CHILD_DEFINITIONS)
