@@ -1,6 +1,7 @@
 """What a script's check needs, taken from the harness's own judgement of the failing run on the shrunk workload:
 the passes the check failed in, the requested lengths, the tie and logprob tolerances the oracles used, the cached
-tokens the engine's cache rule allows, the accept-length bounds. Plain values: the script carries them as they are."""
+tokens the engine's cache rule allows, the accept-length bounds, the prompt tokens a PD decode side computes itself.
+Plain values: the script carries them as they are."""
 from __future__ import annotations
 
 from harness.oracles.accept_length import ACCEPT_TOLERANCE
@@ -28,6 +29,8 @@ def check_spec(repro: Reproducer) -> dict:
                           for name in spec["passes"]}
     if check.oracle == "accept_length":
         spec["accept"] = {"max": run.traits.spec.max_accept_length, "tolerance": ACCEPT_TOLERANCE}
+    if check.oracle == "pd_audit":
+        spec["backoff"] = next(p.pd["backoff"] for p in run.passes.values() if p.pd is not None)
     return spec
 
 

@@ -112,6 +112,8 @@ def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping]
     if check.oracle not in JUDGES:
         raise ReproError(f"cell {row['cell_id']}: a script cannot judge {check.oracle} yet (it judges "
                          f"{', '.join(JUDGES)}); --oracle NAME picks another failing oracle")
+    if check.oracle == "pd_audit" and check.check not in (None, "bytes"):
+        raise ReproError(f"cell {row['cell_id']}: a script judges pd_audit's bytes alone, not {check.check}")
     say(f"cell {row['cell_id']} ({row['status']}): {check.text()}")
     engines = Engines(run.device)
     setup = Setup(run, engines, References(engines), Budget(budget))

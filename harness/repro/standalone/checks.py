@@ -5,7 +5,9 @@ A run is ``{"raised": "Type: message" or None, "passes": {"cold": pass, "warm": 
 ``{"outputs": [output], "audit": [problem], "nan_events": n}``, an output ``{"rid", "tokens", "logprobs", "margins",
 "cached_tokens", "cached_host", "cached_storage", "finish_reason", "accepted", "drafted"}`` (engines that do not say
 leave a key out); an engine that counts its verify steps instead of saying them gives a pass ``"spec": {"drafts",
-"draft_tokens", "accepted_tokens"}``. ``CHECK`` (written into each script) names the oracle, its check, the passes
+"draft_tokens", "accepted_tokens"}``, a PD pair's pass its ledger ``"pd": {"bytes", "hit", "prompts", "block_size",
+"block_bytes", "state_bytes"}`` (what NIXL moved into the decode side, that side's own prefix hit in tokens, the
+prompts' lengths, its KV layout). ``CHECK`` (written into each script) names the oracle, its check, the passes
 it failed in and what it needs: the requested lengths, tolerances, the cached tokens the engine's rule allows.
 """
 from __future__ import annotations
@@ -157,6 +159,29 @@ def judge_accept_length(check: dict, failing: dict, toggled: dict) -> tuple[str,
     return "the toggled run's accept length", "as expected", False
 
 
+def expected_bytes(ledger: dict, backoff: int) -> tuple[int, str]:
+    """The bytes a PD pass must move, and why: every prompt's blocks but the ``backoff`` tokens the decode side
+    computes, less its own hit, × the bytes a block holds in every KV cache group, and each request's state."""
+    size = ledger["block_size"]
+    blocks = sum(-(-(n - backoff) // size) for n in ledger["prompts"]) - ledger["hit"] // size
+    requests = len(ledger["prompts"])
+    why = (f"{blocks} block(s) past the decode side's hit × {ledger['block_bytes']} B + {requests} request "
+           f"state(s) × {ledger['state_bytes']} B")
+    return blocks * ledger["block_bytes"] + requests * ledger["state_bytes"], why
+
+
+def judge_pd_audit(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
+    """PD's ``bytes``: what NIXL moved into the decode side each pass equals the blocks past its hit and the
+    requests' states by its KV layout (``expected_bytes``; the tokens it computes itself: ``CHECK["backoff"]``)."""
+    for name in check["passes"]:
+        ledger = failing["passes"].get(name, {}).get("pd")
+        if ledger is not None:
+            want, why = expected_bytes(ledger, check["backoff"])
+            if ledger["bytes"] != want:
+                return f"{name}: NIXL moves {want} B ({why})", f"{ledger['bytes']} B", True
+    return "NIXL moves every KV cache group's blocks past the decode side's hit", "as expected", False
+
+
 def judge_error(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """The run with the failing setting raises ``CHECK["check"]``; the toggled one does not."""
     raised = failing["raised"]
@@ -166,18 +191,22 @@ def judge_error(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bo
 
 JUDGES = {"completeness": judge_completeness, "tokens": judge_tokens, "logprobs": judge_logprobs,
           "cached_tokens": judge_cached_tokens, "nan": judge_nan, "pool_audit": judge_pool_audit,
-          "accept_length": judge_accept_length, "error": judge_error}
+          "accept_length": judge_accept_length, "pd_audit": judge_pd_audit, "error": judge_error}
 
 
 def describe(label: str, run: dict) -> str:
     """A run, a line per request (tokens, cached tokens, how it finished) and, speculating, each pass's accept
-    length or counters."""
+    length or counters; a PD pair, what NIXL moved each pass."""
     lines = [f"{label}:" + (f" raised {run['raised']}" if run["raised"] else "")]
     for name, result in run["passes"].items():
         if any(d for out in result["outputs"] for d in out.get("drafted", [])):
             lines.append(f"  {name:4} mean accept length {mean_accept_length(result['outputs']):.4g}")
         if result.get("spec", {}).get("drafts"):
             lines.append(f"  {name:4} {spec_counts(run, name)}")
+        if "pd" in result:
+            pd = result["pd"]
+            lines.append(f"  {name:4} NIXL moved {pd['bytes']} B into the decode side (its own hit {pd['hit']} tokens; "
+                         f"{pd['block_bytes']} B a {pd['block_size']}-token block, {pd['state_bytes']} B a state)")
         for out in result["outputs"]:
             tokens = out["tokens"] if len(out["tokens"]) <= 12 else out["tokens"][:12] + ["…"]
             lines.append(f"  {name:4} {out['rid']}: {out['finish_reason']}, cached {out.get('cached_tokens', '?')}, "
@@ -186,7 +215,7 @@ def describe(label: str, run: dict) -> str:
 
 
 #: checks that judge the failing run on its own (the toggled run is printed beside it, not compared with).
-INVARIANTS = ("completeness", "cached_tokens", "nan", "pool_audit", "error")
+INVARIANTS = ("completeness", "cached_tokens", "nan", "pool_audit", "pd_audit", "error")
 
 
 def reproduce(check: dict, failing: dict, toggled: dict, setting: str) -> int:

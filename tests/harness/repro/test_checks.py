@@ -57,6 +57,27 @@ def test_accept_length_drops_against_the_toggled_run() -> None:
     assert not checks.judge_accept_length(check, good, good)[2]
 
 
+def pd_run(moved: int) -> dict:
+    """A PD pass of two hybrid prompts (65 and 33 tokens, 32-token blocks, no hit) whose decode side read ``moved``."""
+    ledger = {"bytes": moved, "hit": 0, "prompts": [65, 33], "block_size": 32, "block_bytes": 1000, "state_bytes": 7}
+    one = {"outputs": [], "audit": [], "nan_events": 0, "pd": ledger}
+    return {"raised": None, "passes": {"cold": one, "warm": one}}
+
+
+def test_pd_audit_sees_a_byte_shortfall_and_passes_equal_bytes(capsys) -> None:
+    """One token backed off: 65 → 2 blocks, 33 → 1, each request's state: 3 × 1000 + 2 × 7 bytes."""
+    check = {"oracle": "pd_audit", "check": "bytes", "passes": ["cold"], "requested": {}, "backoff": 1}
+    expected, got, present = checks.judge_pd_audit(check, pd_run(2014), pd_run(3014))
+    assert present and got == "2014 B"
+    assert expected == ("cold: NIXL moves 3014 B (3 block(s) past the decode side's hit × 1000 B + 2 request "
+                        "state(s) × 7 B)")
+    assert not checks.judge_pd_audit(check, pd_run(3014), pd_run(3014))[2]
+    assert checks.judge_pd_audit({**check, "backoff": 0}, pd_run(3014), run())[2]  # 65 tokens whole: 3 blocks
+    assert checks.reproduce(check, pd_run(2014), run(), "spec=draft") == 1
+    assert "cold NIXL moved 2014 B into the decode side" in capsys.readouterr().out
+    assert checks.reproduce(check, pd_run(3014), run(), "spec=draft") == 0
+
+
 def test_reproduce_exits_one_while_the_failure_shows_zero_once_fixed(capsys) -> None:
     full = run(output("a", [1, 2]), output("b", [3, 4]))
     assert checks.reproduce(CHECK, run(output("a", [1, 2])), full, "scheduler=priority") == 1
@@ -72,7 +93,7 @@ def test_reproduce_exits_one_while_the_failure_shows_zero_once_fixed(capsys) -> 
 
 def test_every_oracle_a_script_judges_has_a_check() -> None:
     assert set(checks.JUDGES) == {"completeness", "tokens", "logprobs", "cached_tokens", "nan", "pool_audit",
-                                  "accept_length", "error"}
+                                  "accept_length", "pd_audit", "error"}
 
 
 @pytest.mark.parametrize("module, allowed", [(checks, set()), (reference, {"reference_impl"}),

@@ -1,10 +1,16 @@
 """A stand-in for vLLM's offline API without any finding's bug: what a reproducer script reads of it (``LLM``,
-``generate``'s outputs with their logprobs, ``get_metrics``' speculative counters, ``reset_prefix_cache``) made up
-from the prompts alone, so the failing setting and the toggled one serve alike, as a fixed vLLM would."""
+``generate``'s outputs with their logprobs, ``get_metrics``' speculative counters and NIXL's bytes,
+``reset_prefix_cache``, the engine core's KV layout) made up from the prompts alone, so the failing setting and the
+toggled one serve alike, as a fixed vLLM would."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
+
+#: bytes one block of the stand-in's attention layer holds, and one request's state in its Mamba layer (a hybrid's).
+BLOCK_BYTES, STATE_BYTES = 4096, 1024
 
 
 def TokensPrompt(prompt_token_ids: list[int]) -> dict:  # noqa: N802 - vLLM's TypedDict is called so
@@ -18,16 +24,49 @@ class SamplingParams(SimpleNamespace):
 @dataclass
 class Metric:
     name: str
-    value: int
+    value: int = 0
+    labels: dict = field(default_factory=dict)
+    sum: float = 0.0
+    count: int = 0
+
+
+@dataclass
+class FullAttentionSpec:
+    real_page_size_bytes: int
+
+
+@dataclass
+class MambaSpec:
+    real_page_size_bytes: int
+
+
+def is_hybrid(model: str) -> bool:
+    """Whether the checkpoint's config names a Mamba layer (the hybrid model's)."""
+    config = Path(model) / "config.json"
+    return config.is_file() and "mamba" in json.loads(config.read_text()).get("layer_types", [])
+
+
+def engine(hybrid: bool, block_size: int) -> SimpleNamespace:
+    """``llm.llm_engine`` as far as a script reads the KV layout: one attention layer, and a hybrid's Mamba layer."""
+    specs = {"attn": FullAttentionSpec(BLOCK_BYTES), **({"mamba": MambaSpec(STATE_BYTES)} if hybrid else {})}
+    group = SimpleNamespace(kv_cache_spec=SimpleNamespace(kv_cache_specs=specs), layer_names=list(specs))
+    scheduler = SimpleNamespace(kv_cache_config=SimpleNamespace(kv_cache_groups=[group]))
+    return SimpleNamespace(vllm_config=SimpleNamespace(cache_config=SimpleNamespace(block_size=block_size)),
+                           engine_core=SimpleNamespace(engine_core=SimpleNamespace(scheduler=scheduler)))
 
 
 class LLM:
     """Greedy tokens that follow the prompt's last token; with a proposer, one draft of ``k`` tokens per token decoded
-    past the first, every one accepted."""
+    past the first, every one accepted; a PD decode side (``kv_consumer``) reads every prompt's blocks past the one
+    token a hybrid computes itself, and its state, over NIXL."""
 
     def __init__(self, **kwargs: object) -> None:
         self.kwargs = kwargs
         self.counts = dict.fromkeys(("drafts", "draft_tokens", "accepted_tokens"), 0)
+        self.hybrid, self.block_size = is_hybrid(str(kwargs["model"])), int(kwargs.get("block_size") or 16)
+        self.llm_engine = engine(self.hybrid, self.block_size)
+        self.decode_side = (kwargs.get("kv_transfer_config") or {}).get("kv_role") == "kv_consumer"
+        self.nixl = Metric("vllm:nixl_bytes_transferred")
 
     def generate(self, prompts: list[dict], params: list[SamplingParams], use_tqdm: bool = False,
                  priority: list[int] | None = None) -> list[SimpleNamespace]:
@@ -44,12 +83,20 @@ class LLM:
                 self.counts["drafts"] += drafts
                 self.counts["draft_tokens"] += drafts * k
                 self.counts["accepted_tokens"] += drafts * k
+            if self.decode_side:
+                self.transfer(len(prompt["prompt_token_ids"]))
             completion = SimpleNamespace(token_ids=tokens, logprobs=steps, finish_reason="length")
             results.append(SimpleNamespace(outputs=[completion], num_cached_tokens=0, kv_transfer_params=None))
         return results
 
+    def transfer(self, prompt_tokens: int) -> None:
+        """One NIXL read of a prompt's blocks (a hybrid's: all but its last token, and its state)."""
+        blocks = -(-(prompt_tokens - self.hybrid) // self.block_size)
+        self.nixl.sum += blocks * BLOCK_BYTES + self.hybrid * STATE_BYTES
+        self.nixl.count += 1
+
     def get_metrics(self) -> list[Metric]:
-        return [Metric(f"vllm:spec_decode_num_{key}", value) for key, value in self.counts.items()]
+        return [*(Metric(f"vllm:spec_decode_num_{key}", value) for key, value in self.counts.items()), self.nixl]
 
     def reset_prefix_cache(self, reset_connector: bool = False) -> bool:
         return True
