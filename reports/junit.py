@@ -59,7 +59,7 @@ def write_junit(path: Path, rows: Sequence[Mapping], runs: Sequence[Mapping]) ->
         header = by_run.get(row.get("run_id", ""), runs[0] if runs else {"matrix": matrix, "faults": row.get("faults", [])})
         if matrix not in suites:
             suites[matrix] = TestSuite(_xml_text(f"kvmatrix.{matrix}"))
-            for key in ("matrix_sha256", "mode", "strength", "faults", "device", "device_name", "shard", "commit",
+            for key in ("matrix_sha256", "mode", "strength", "faults", "device", "device_name", "cpu_flags", "shard", "commit",
                         "date", "host", "command"):
                 suites[matrix].add_property(key, _xml_text(header.get(key, "")))
         suites[matrix].add_testcase(_case(row, header))

@@ -22,8 +22,8 @@ SHOWN_FINDINGS = 5
 #: out, which keeps a 5,000-cell page quick to open (BENCHMARKS.md, bench_report.py).
 OPEN_TABLE_LIMIT = 1000
 HEADER_FIELDS = ("matrix", "matrix_file", "matrix_sha256", "accepted_changes", "mode", "strength", "faults", "device",
-                 "device_name", "engine", "engine_version", "shard", "cells_planned", "commit", "date", "host", "versions",
-                 "command", "run_id")
+                 "device_name", "cpu_flags", "engine", "engine_version", "shard", "cells_planned", "commit", "date",
+                 "host", "versions", "command", "run_id")
 
 
 def anchors(cell_ids: Sequence[str]) -> dict[str, str]:

@@ -21,10 +21,11 @@ from pathlib import Path
 from harness import oracles
 from harness.matrix.known import Bound, Expected, SignatureValues, Tolerance
 from harness.matrix.model import matrix_error
+from harness.sut.host import KERNEL_FLAGS
 
 DECLARED_TABLES = ("expected", "tolerances")
 _ERROR = re.compile(r"error: [A-Za-z_][A-Za-z0-9_]*")
-_EXPECTED_KEYS = ("when", "fails", "reason", "signature", "class", "upstream", "seen_on")
+_EXPECTED_KEYS = ("when", "fails", "reason", "signature", "class", "upstream", "seen_on", "cpu")
 _EXPECTED_REQUIRED = ("when", "fails", "reason")
 #: what a declaration can be. A difference an engine documents is not one of them: it is an expectation the
 #: engine's package states (its rules), never a declared failure.
@@ -80,7 +81,18 @@ def _expected(path: Path, where: str, number: int, entry: dict, level_table: Lev
                            f"documents is an expectation of its package, not a declared failure)")
     signature = _signature(path, f"{where} signature", entry.get("signature", {}), fails)
     return Expected(level_table(f"{where} when", entry["when"]), tuple(fails), reason, signature, kind, upstream,
-                    seen_on, number)
+                    seen_on, _cpu(path, f"{where} cpu", entry.get("cpu", [])), number)
+
+
+def _cpu(path: Path, key: str, flags: object) -> frozenset[str]:
+    """``cpu``: the CPU flags a declaration needs, among those an engine's kernels choose their path by."""
+    if not isinstance(flags, list) or not all(isinstance(flag, str) for flag in flags):
+        raise matrix_error(path, key, f"expected a list of CPU flags, got {flags!r}")
+    unknown = [flag for flag in flags if flag not in KERNEL_FLAGS]
+    if unknown:
+        raise matrix_error(path, key, f"{', '.join(map(repr, unknown))} is not a CPU flag kernels choose their path "
+                                      f"by ({', '.join(KERNEL_FLAGS)})")
+    return frozenset(flags)
 
 
 def _text(path: Path, key: str, value: object) -> str | None:

@@ -44,7 +44,9 @@ class Expected:
     or the ``Bound`` they lie in);
     without one it excuses every finding of the oracles it names. ``kind`` says what it is (an engine bug, or a
     limitation of the harness), ``upstream`` where it is reported ("unreported" where nowhere), ``seen_on`` the
-    engine version it was seen on; ``number`` is its position in the file (``[[expected]] #number``).
+    engine version it was seen on; ``cpu`` the CPU flags it needs (a bug of a kernel path the engine takes only on such
+    a CPU: it applies only where the machine has every one); ``number`` is its position in the file
+    (``[[expected]] #number``).
     """
 
     when: Mapping[str, tuple[object, ...]]
@@ -54,10 +56,12 @@ class Expected:
     kind: str | None = None
     upstream: str | None = None
     seen_on: str | None = None
+    cpu: frozenset[str] = frozenset()
     number: int = 0
 
-    def matches(self, row: Mapping[str, object]) -> bool:
-        return matches(self.when, row)
+    def matches(self, row: Mapping[str, object], cpu_flags: frozenset[str]) -> bool:
+        """Whether it applies to a cell of levels ``row`` run on a CPU with ``cpu_flags``."""
+        return matches(self.when, row) and self.cpu <= cpu_flags
 
     def to_json(self) -> dict:
         out = {"number": self.number, "when": {f: list(levels) for f, levels in self.when.items()},
@@ -65,8 +69,9 @@ class Expected:
         if self.signature:
             out["signature"] = {key: values.to_json() if isinstance(values, Bound) else list(values)
                                 for key, values in self.signature.items()}
-        return {**out, **{key: value for key, value in (("class", self.kind), ("upstream", self.upstream),
-                                                        ("seen_on", self.seen_on)) if value is not None}}
+        out.update({key: value for key, value in (("class", self.kind), ("upstream", self.upstream),
+                                                  ("seen_on", self.seen_on)) if value is not None})
+        return {**out, "cpu": sorted(self.cpu)} if self.cpu else out
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 from harness.matrix import covering
 from harness.matrix.known import Expected, Tolerance, matches
+from harness.sut.host import cpu_flags
 
 MODES = ("full", "t-wise", "ofat", "cells")
 _ABSENT = object()
@@ -134,9 +135,9 @@ class Matrix:
                 "declarations": [entry.to_json() for entry in matched]}
 
     def known_for(self, cell: Cell) -> tuple[Expected, ...]:
-        """Every ``[[expected]]`` entry ``cell`` matches, in file order."""
-        row = cell.as_dict()
-        return tuple(entry for entry in self.expected if entry.matches(row))
+        """Every ``[[expected]]`` entry ``cell`` matches on this machine's CPU, in file order."""
+        row, flags = cell.as_dict(), cpu_flags()
+        return tuple(entry for entry in self.expected if entry.matches(row, flags))
 
     def tolerances_for(self, cell: Cell) -> tuple[Tolerance, ...]:
         """Every ``[[tolerances]]`` entry ``cell`` matches (the loosest of each applies)."""

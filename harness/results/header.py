@@ -92,6 +92,8 @@ class RunHeader:
     command: str = ""
     engine: str = ""
     engine_version: str | None = None  # what the engine says it is (``Engine.version``); None when it cannot say
+    #: the CPU flags an engine's kernels choose their path by that this machine has (``harness.sut.host``)
+    cpu_flags: list[str] = field(default_factory=list)
     #: a ``--resume --accept-changed`` run: each ``RESUME_FIELDS`` field that changed, as "recorded → now"
     accepted_changes: dict[str, str] = field(default_factory=dict)
 
@@ -100,7 +102,7 @@ class RunHeader:
 
 
 #: what ``--resume`` compares with the run it resumes: when one differs, the rows it would keep judged another run.
-RESUME_FIELDS = ("matrix_sha256", "faults", "strength", "device", "engine_version")
+RESUME_FIELDS = ("matrix_sha256", "faults", "strength", "device", "engine_version", "cpu_flags")
 
 
 def changed_since(recorded: Mapping[str, object], header: RunHeader) -> dict[str, str]:

@@ -16,6 +16,7 @@ from harness.results.header import (
 from harness.results.rows import CellResult
 from harness.run.cell import configure_torch, run_cell
 from harness.run.golden import GoldenRuns
+from harness.sut.host import kernel_flags
 from reference_impl.faults import check_faults
 
 
@@ -82,5 +83,5 @@ class MatrixRun:
             faults=sorted(self.faults), device=self.device, device_name=device_name(self.device), shard=shard,
             cells_planned=cells_planned, commit=git_commit(Path(__file__).resolve().parents[1]), date=now(),
             host=socket.gethostname(), versions=versions(), command=command_line(argv), engine=engine.name,
-            engine_version=engine.version(matrix.engine_args),
+            engine_version=engine.version(matrix.engine_args), cpu_flags=kernel_flags(),
         )

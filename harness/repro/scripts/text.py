@@ -10,16 +10,11 @@ import shlex
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 from harness.repro import expect
 from harness.repro.finding import Reproducer
-
-#: CPU flags an engine's kernels choose their path by (the header names those the machine has).
-CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
-             "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
-
+from harness.sut.host import kernel_flags
 
 @dataclass(frozen=True, slots=True)
 class Command:
@@ -92,21 +87,10 @@ def rounds_literal(rounds: list[list[tuple]]) -> str:
     return "\n".join(lines)
 
 
-def cpu_flags() -> str:
-    """The CPU flags of ``CPU_FLAGS`` this machine has ("unknown" where /proc/cpuinfo says nothing)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    line = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
-    have = set(line.partition(":")[2].split())
-    return " ".join(flag for flag in CPU_FLAGS if flag in have) or "unknown"
-
-
 def environment(*engine: str) -> list[str]:
     """The lines of a header's environment: the engine's own (``engine``), python, the platform and CPU flags."""
     return [*engine, f"python {platform.python_version()}", f"platform {platform.platform()}",
-            f"CPU {platform.machine()}, flags: {cpu_flags()}"]
+            f"CPU {platform.machine()}, flags: {' '.join(kernel_flags()) or 'unknown'}"]
 
 
 #: how every script ends its docstring.

