@@ -35,6 +35,9 @@ def read_hf_weights(model: TinyLM, path: str | Path) -> None:
 
     tensors = load_file(str(path))
     wanted = hf_parameters(model)
+    unnamed = {id(t) for t in [*model.parameters(), *model.buffers()]} - {id(t) for t in wanted.values()}
+    if unnamed:  # a tensor no Llama name covers would keep its init (or, built on the meta device, no values at all)
+        raise ValueError(f"model {model.cfg.name!r} has {len(unnamed)} tensor(s) without a Llama name")
     if LM_HEAD not in tensors:
         tensors[LM_HEAD] = tensors.get("model.embed_tokens.weight")
     missing = sorted(name for name in wanted if tensors.get(name) is None)

@@ -243,9 +243,12 @@ def linear_for(deterministic: bool) -> Linear:
 def load_model(cfg: ModelConfig, device: str, dtype: torch.dtype) -> TinyLM:
     """The model for ``cfg``: seeded, or a trained checkpoint's weights (``cfg.weights``); weights are read-only, so
     engines share one instance."""
-    model = TinyLM(cfg, device=device, dtype=dtype)
-    if cfg.weights is not None:
-        from reference_impl.model.hf_names import read_hf_weights
+    if cfg.weights is None:
+        return TinyLM(cfg, device=device, dtype=dtype)
+    from reference_impl.model.hf_names import read_hf_weights
 
-        read_hf_weights(model, cfg.weights)
+    with torch.device("meta"):  # shapes only: the seeded init would be overwritten by the checkpoint's every weight
+        model = TinyLM(cfg, device="meta", dtype=dtype)
+    model.to_empty(device=device)
+    read_hf_weights(model, cfg.weights)
     return model

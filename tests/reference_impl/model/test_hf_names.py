@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from reference_impl.config import DENSE32
-from reference_impl.model.hf_names import LM_HEAD, hf_parameters
+from reference_impl.model.hf_names import LM_HEAD, hf_parameters, read_hf_weights
 from reference_impl.model.tiny_lm import load_model
 
 PROMPT = [3, 17, 42, 99, 5, 250, 8]
@@ -47,3 +47,11 @@ def test_a_checkpoint_that_is_not_the_models_is_refused_naming_the_tensor(tmp_pa
                                                                           change: dict, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         load_model(replace(DENSE32, seed=98, weights=str(exported(tmp_path, drop, **change))), "cpu", torch.float32)
+
+
+def test_a_model_tensor_without_a_llama_name_is_refused(tmp_path: Path) -> None:
+    """The trained model is built on the meta device (no init): a tensor the checkpoint cannot fill would be garbage."""
+    model = load_model(replace(DENSE32, seed=97), "cpu", torch.float32)
+    model.register_buffer("scale", torch.ones(1))
+    with pytest.raises(ValueError, match="1 tensor\\(s\\) without a Llama name"):
+        read_hf_weights(model, exported(tmp_path))
