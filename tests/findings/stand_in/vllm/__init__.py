@@ -66,7 +66,7 @@ class LLM:
         self.hybrid, self.block_size = is_hybrid(str(kwargs["model"])), int(kwargs.get("block_size") or 16)
         self.llm_engine = engine(self.hybrid, self.block_size)
         self.decode_side = (kwargs.get("kv_transfer_config") or {}).get("kv_role") == "kv_consumer"
-        self.nixl = Metric("vllm:nixl_bytes_transferred")
+        self.nixl = {"sum": 0, "count": 0}  # NIXL's byte histogram: bytes read, transfers
 
     def generate(self, prompts: list[dict], params: list[SamplingParams], use_tqdm: bool = False,
                  priority: list[int] | None = None) -> list[SimpleNamespace]:
@@ -92,11 +92,13 @@ class LLM:
     def transfer(self, prompt_tokens: int) -> None:
         """One NIXL read of a prompt's blocks (a hybrid's: all but its last token, and its state)."""
         blocks = -(-(prompt_tokens - self.hybrid) // self.block_size)
-        self.nixl.sum += blocks * BLOCK_BYTES + self.hybrid * STATE_BYTES
-        self.nixl.count += 1
+        self.nixl["sum"] += blocks * BLOCK_BYTES + self.hybrid * STATE_BYTES
+        self.nixl["count"] += 1
 
     def get_metrics(self) -> list[Metric]:
-        return [*(Metric(f"vllm:spec_decode_num_{key}", value) for key, value in self.counts.items()), self.nixl]
+        """A snapshot, as vLLM's: the speculative counters and NIXL's byte histogram."""
+        return [*(Metric(f"vllm:spec_decode_num_{key}", value) for key, value in self.counts.items()),
+                Metric("vllm:nixl_bytes_transferred", **self.nixl)]
 
     def reset_prefix_cache(self, reset_connector: bool = False) -> bool:
         return True
