@@ -134,5 +134,8 @@ class Reproducer:
         return re.sub(r"[^A-Za-z0-9]+", "-", "-".join(parts)).strip("-").lower()
 
     def command(self) -> str:
-        """The ``harness repro`` command that wrote it."""
-        return shlex.join(["python", "-m", "harness", "repro", str(self.report_dir), "--cell", self.row["cell_id"]])
+        """The ``harness repro`` command that wrote it (``--oracle`` where the check is an oracle's: it may not be the
+        one picked unasked)."""
+        oracle = ["--oracle", self.check.oracle] if self.check.oracle != "error" else []
+        return shlex.join(["python", "-m", "harness", "repro", str(self.report_dir), "--cell", self.row["cell_id"],
+                           *oracle])

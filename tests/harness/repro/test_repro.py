@@ -66,6 +66,7 @@ def test_repro_writes_a_finding_folder_with_a_smaller_workload(finding: tuple[Ca
     before, after = record["shrink"]["before"], record["shrink"]["after"]
     assert after != before and all(after[k] <= before[k] for k in before)
     assert record["shrink"]["runs"] <= 10 and record["script_exit"] == 1
+    assert record["command"].endswith(f"--oracle {case.fault.oracle}")  # the command says which oracle it kept
     report = (folder / "REPORT.md").read_text()
     for section in ("## What", "## How to reproduce", "## Expected", "## Actual", "## Environment", "## Cause",
                     "## Upstream status"):
