@@ -69,9 +69,9 @@ class Expected:
         if self.signature:
             out["signature"] = {key: values.to_json() if isinstance(values, Bound) else list(values)
                                 for key, values in self.signature.items()}
-        out.update({key: value for key, value in (("class", self.kind), ("upstream", self.upstream),
-                                                  ("seen_on", self.seen_on)) if value is not None})
-        return {**out, "cpu": sorted(self.cpu)} if self.cpu else out
+        return {**out, **{key: value for key, value in (("class", self.kind), ("upstream", self.upstream),
+                                                        ("seen_on", self.seen_on), ("cpu", sorted(self.cpu) or None))
+                          if value is not None}}
 
 
 @dataclass(frozen=True, slots=True)

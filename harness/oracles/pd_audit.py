@@ -21,6 +21,17 @@ FAILS_WHEN = (
     "failed transfers, prefill hit, emptied)"
 )
 
+def nixl_bytes(prompts: Sequence[int], backoff: int, hit: int, block_size: int, block_bytes: int,
+               state_bytes: int) -> tuple[int, str]:
+    """The bytes NIXL must move into the decode side for prompts of these lengths, and why: every prompt's blocks but
+    the ``backoff`` tokens the decode side computes, less its own ``hit`` (tokens), × the bytes a block holds in every
+    KV cache group, and each request's state. Built-ins alone: reproducer scripts copy it in."""
+    blocks = sum(-(-(n - backoff) // block_size) for n in prompts) - hit // block_size
+    why = (f"{blocks} block(s) past the decode side's hit × {block_bytes} B + {len(prompts)} request state(s) × "
+           f"{state_bytes} B")
+    return blocks * block_bytes + len(prompts) * state_bytes, why
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -114,10 +125,8 @@ def _counted_findings(view: PassView, cold: PassView) -> list[dict]:
          led["emptied"], "the prefill side frees what it leased once the decode side has read it"),
     ]
     if led["block_bytes"] is not None:
-        blocks = sum(_ceil_div(n - backoff, block) for n in lengths) - hit // block
-        checks.append(("bytes", blocks * led["block_bytes"] + len(lengths) * led["state_bytes"], decode["nixl_bytes"],
-                       None, f"{blocks} block(s) past the decode side's hit × {led['block_bytes']} B + {len(lengths)} "
-                             f"request state(s) × {led['state_bytes']} B"))
+        want, why = nixl_bytes(lengths, backoff, hit, block, led["block_bytes"], led["state_bytes"])
+        checks.append(("bytes", want, decode["nixl_bytes"], None, why))
     findings = [{**where, "check": check, "expected": want, "got": got, "why": why}
                 for check, want, got, holds, why in checks if not (want == got if holds is None else holds)]
     for out in view.outputs:

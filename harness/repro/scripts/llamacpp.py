@@ -13,9 +13,9 @@ from pathlib import Path
 from harness.repro.finding import Reproducer, ReproError
 from harness.repro.scripts.recipes import RECIPES
 from harness.repro.scripts.text import (
-    Command, assemble, definitions, docstring, literal, toggle_comment, workload_and_check,
+    Command, assemble, check_definitions, definitions, docstring, literal, toggle_comment, workload_and_check,
 )
-from harness.repro.standalone import checks, llamacpp as standalone
+from harness.repro.standalone import llamacpp as standalone
 from harness.sut import gguf_weights, weights
 from harness.sut.gguf_export import GGUF_CHECKPOINTS, gguf_file
 from harness.sut.openai import LEVELS
@@ -66,7 +66,7 @@ def script(repro: Reproducer, path: Path) -> str:
     """The text of ``repro``'s script, to be written at ``path``."""
     failing, toggled = launch(repro, repro.plan.levels), launch(repro, repro.toggled_levels)
     used = sorted({arg[1:-1] for setting in (failing, toggled) for arg in setting["argv"]} & set(GGUF_CHECKPOINTS))
-    sources = [definitions(module) for module in (checks, weights, gguf_weights, standalone)]
+    sources = [*check_definitions(), *(definitions(module) for module in (weights, gguf_weights, standalone))]
     doc = docstring(repro, "llama.cpp's llama-server", [], engine_lines(), [
         "Run it with a Python that has torch and gguf (pip install torch gguf), llama-server on PATH or in",
         "LLAMA_SERVER (no model download; the script starts and stops its own servers):",

@@ -11,9 +11,9 @@ import torch
 
 from harness.repro.finding import Reproducer
 from harness.repro.scripts.text import (
-    Command, assemble, definitions, docstring, literal, toggle_comment, workload_and_check,
+    Command, assemble, check_definitions, definitions, docstring, literal, toggle_comment, workload_and_check,
 )
-from harness.repro.standalone import checks, reference as standalone
+from harness.repro.standalone import reference as standalone
 from harness.results.header import git_commit
 from harness.sut.reference import LEVELS
 from harness.sut.reference.engine import build_engine_config
@@ -90,7 +90,7 @@ def script(repro: Reproducer, path: Path) -> str:
     imports = {"import sys", "import torch", "from dataclasses import replace",
                "from reference_impl.config import EngineConfig", "from reference_impl.faults import FAULTS"}
     fields, swaps = _configs(repro, imports)
-    sources = [definitions(module) for module in (checks, standalone)]
+    sources = [*check_definitions(), definitions(standalone)]
     imports.update(line for lines, _ in sources for line in lines)
     planted = sorted(repro.plan.faults)
     incidents = "; ".join(f"{name}: {FAULTS[name].incident}" for name in planted if name in FAULTS)

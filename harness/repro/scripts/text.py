@@ -12,9 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
+from harness.oracles import pd_audit
 from harness.repro import expect
 from harness.repro.finding import Reproducer
+from harness.repro.standalone import checks
 from harness.sut.host import kernel_flags
+
 
 @dataclass(frozen=True, slots=True)
 class Command:
@@ -55,6 +58,11 @@ def definitions(module: ModuleType, names: Sequence[str] | None = None) -> tuple
         elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
             body.append(text)
     return imports, "\n\n\n".join(body)
+
+
+def check_definitions() -> list[tuple[list[str], str]]:
+    """What every script copies in to judge its check: ``standalone.checks`` and the oracle rule it calls."""
+    return [definitions(checks), definitions(pd_audit, ["nixl_bytes"])]
 
 
 def import_block(lines: set[str] | list[str]) -> str:

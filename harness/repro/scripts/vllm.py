@@ -10,9 +10,9 @@ from pathlib import Path
 from harness.repro.finding import Reproducer, ReproError
 from harness.repro.scripts.recipes import RECIPES
 from harness.repro.scripts.text import (
-    Command, assemble, definitions, docstring, literal, toggle_comment, workload_and_check,
+    Command, assemble, check_definitions, definitions, docstring, literal, toggle_comment, workload_and_check,
 )
-from harness.repro.standalone import checks, vllm as standalone
+from harness.repro.standalone import vllm as standalone
 from harness.sut import weights
 from harness.sut.checkpoints import checkpoint_dir
 from harness.sut.vllm import ENGINE, LEVELS, child, vllm_python
@@ -24,7 +24,7 @@ from harness.sut.vllm.pd import TIER_PAIR_ARGS
 #: where a storage tier's directory goes in the arguments (the script gives each setting a temporary one).
 TIER = Path("tier")
 #: what the standalone engine code reads metrics and the KV layout with: the harness child's own, copied in.
-CHILD_DEFINITIONS = ("CONNECTOR_COUNTERS", "NIXL_BYTES", "connector_counters", "kv_layout")
+CHILD_DEFINITIONS = ("CONNECTOR_COUNTERS", "NIXL_BYTES", "SPEC_COUNTERS", "connector_counters", "kv_layout")
 
 
 def python() -> str:
@@ -96,7 +96,7 @@ def script(repro: Reproducer, path: Path) -> str:
     """The text of ``repro``'s script, to be written at ``path``."""
     failing, toggled = arguments(repro, repro.plan.levels), arguments(repro, repro.toggled_levels)
     used = {*models(failing), *models(toggled)}
-    sources = [*(definitions(module) for module in (checks, weights)), definitions(child, CHILD_DEFINITIONS),
+    sources = [*check_definitions(), definitions(weights), definitions(child, CHILD_DEFINITIONS),
                definitions(standalone)]
     doc = docstring(repro, "vLLM's offline API", [], engine_lines(), [
         "Run it with vLLM's interpreter (it imports vllm, torch and safetensors alone; no model download):",

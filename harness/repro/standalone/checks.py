@@ -1,5 +1,6 @@
 """The check a reproducer script judges, on plain values, whatever the engine: what the oracle expected and what the
-run with the failing setting got, beside the run with the setting toggled. The standard library alone.
+run with the failing setting got, beside the run with the setting toggled. The standard library alone, and the
+pd_audit oracle's byte rule (``nixl_bytes``, copied into each script beside these).
 
 A run is ``{"raised": "Type: message" or None, "passes": {"cold": pass, "warm": pass}}``, a pass
 ``{"outputs": [output], "audit": [problem], "nan_events": n}``, an output ``{"rid", "tokens", "logprobs", "margins",
@@ -13,6 +14,9 @@ it failed in and what it needs: the requested lengths, tolerances, the cached to
 from __future__ import annotations
 
 import math
+
+# a script carries this definition beside these (``harness.repro.scripts.text.check_definitions``)
+from ...oracles.pd_audit import nixl_bytes
 
 
 def _outputs(run: dict, name: str) -> list[dict]:
@@ -159,24 +163,15 @@ def judge_accept_length(check: dict, failing: dict, toggled: dict) -> tuple[str,
     return "the toggled run's accept length", "as expected", False
 
 
-def expected_bytes(ledger: dict, backoff: int) -> tuple[int, str]:
-    """The bytes a PD pass must move, and why: every prompt's blocks but the ``backoff`` tokens the decode side
-    computes, less its own hit, × the bytes a block holds in every KV cache group, and each request's state."""
-    size = ledger["block_size"]
-    blocks = sum(-(-(n - backoff) // size) for n in ledger["prompts"]) - ledger["hit"] // size
-    requests = len(ledger["prompts"])
-    why = (f"{blocks} block(s) past the decode side's hit × {ledger['block_bytes']} B + {requests} request "
-           f"state(s) × {ledger['state_bytes']} B")
-    return blocks * ledger["block_bytes"] + requests * ledger["state_bytes"], why
-
-
 def judge_pd_audit(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """PD's ``bytes``: what NIXL moved into the decode side each pass equals the blocks past its hit and the
-    requests' states by its KV layout (``expected_bytes``; the tokens it computes itself: ``CHECK["backoff"]``)."""
+    requests' states by its KV layout (the oracle's ``nixl_bytes``; the tokens it computes itself:
+    ``CHECK["backoff"]``)."""
     for name in check["passes"]:
         ledger = failing["passes"].get(name, {}).get("pd")
         if ledger is not None:
-            want, why = expected_bytes(ledger, check["backoff"])
+            want, why = nixl_bytes(ledger["prompts"], check["backoff"], ledger["hit"], ledger["block_size"],
+                                   ledger["block_bytes"], ledger["state_bytes"])
             if ledger["bytes"] != want:
                 return f"{name}: NIXL moves {want} B ({why})", f"{ledger['bytes']} B", True
     return "NIXL moves every KV cache group's blocks past the decode side's hit", "as expected", False

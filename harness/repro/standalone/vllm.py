@@ -18,12 +18,9 @@ import tempfile
 from pathlib import Path
 
 # a script carries these definitions beside its own
-from ...sut.vllm.child import connector_counters, kv_layout
+from ...sut.vllm.child import SPEC_COUNTERS, connector_counters, kv_layout
 from ...sut.weights import dense_tensors, eagle_head, hybrid_tensors, write_checkpoint
 
-#: vLLM's speculative counters (``LLM.get_metrics()``), by the key a pass gives them.
-SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-                 "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
 #: what vLLM's toy proxy sends the prefill engine (with max_tokens 1): the decode side will read this request's KV.
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                   "remote_block_ids": None, "remote_host": None, "remote_port": None}
