@@ -4,7 +4,7 @@ golden runs every cell of the run shares."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from harness import sut
@@ -16,13 +16,14 @@ from harness.results.header import (
 from harness.results.rows import CellResult
 from harness.run.cell import configure_torch, run_cell
 from harness.run.golden import GoldenRuns
-from harness.sut.host import kernel_flags
+from harness.sut.host import cpu_flags, kernel_flags, kernel_flags_of, record as host_record
 from reference_impl.faults import check_faults
 
 
-def check_runnable(matrix: Matrix, device: str) -> None:
-    """Raise ``MatrixError`` (one line) when ``device`` is not here, the engine's program is not, or the engine
-    refuses one of the matrix's levels on it: a matrix that cannot run is refused when it is loaded, never run
+def check_runnable(matrix: Matrix, device: str, flags: frozenset[str] | None = None) -> None:
+    """Raise ``MatrixError`` (one line) when ``device`` is not here, the engine's program is not, the engine
+    refuses one of the matrix's levels on it, or a level's kernel path needs a CPU flag this host (whose flags are
+    ``flags``, this machine's by default) lacks: a matrix that cannot run is refused when it is loaded, never run
     into error cells."""
     if device.startswith("cuda"):
         import torch
@@ -40,6 +41,18 @@ def check_runnable(matrix: Matrix, device: str) -> None:
         if reason is not None:
             raise MatrixError(f"{shown_path(matrix.path)}: [factors] {factor}: level {level!r} cannot run on "
                               f"--device {device}: {reason}")
+    _check_cpu_needs(matrix, engine.needs_cpu(matrix.engine_args), cpu_flags() if flags is None else flags, levels)
+
+
+def _check_cpu_needs(matrix: Matrix, needs: Mapping[str, Mapping[str, frozenset[str]]], flags: frozenset[str],
+                     levels: Sequence[tuple[str, object]]) -> None:
+    for factor, level in levels:
+        missing = sorted(needs.get(factor, {}).get(str(level), frozenset()) - flags)
+        if missing:
+            raise MatrixError(f"{shown_path(matrix.path)}: [factors] {factor}: level {level!r} needs CPU flag(s) "
+                              f"{', '.join(missing)}, which this host's CPU lacks (it has "
+                              f"{' '.join(kernel_flags_of(flags)) or 'none of them'}): its kernel path "
+                              f"runs only on a CPU with them")
 
 
 class MatrixRun:
@@ -77,11 +90,14 @@ class MatrixRun:
         repeat it."""
         matrix = self.matrix
         engine = sut.engine(matrix.engine)
+        version = engine.version(matrix.engine_args)
+        built = {**({"version": version} if version else {}), **engine.build(matrix.engine_args)}
         return RunHeader(
             run_id=new_run_id(), matrix=matrix.name, matrix_arg=matrix_arg, matrix_file=str(matrix.path),
             matrix_sha256=file_sha256(matrix.path), mode=matrix.mode, strength=matrix.strength,
             faults=sorted(self.faults), device=self.device, device_name=device_name(self.device), shard=shard,
             cells_planned=cells_planned, commit=git_commit(Path(__file__).resolve().parents[1]), date=now(),
             host=socket.gethostname(), versions=versions(), command=command_line(argv), engine=engine.name,
-            engine_version=engine.version(matrix.engine_args), cpu_flags=kernel_flags(),
+            engine_version=version, cpu_flags=kernel_flags(),
+            machine=host_record(self.device, {engine.program_name(matrix.engine_args): built}).to_json(),
         )

@@ -192,9 +192,19 @@ def no_version(engine_args: Mapping[str, object]) -> str | None:
     return None
 
 
+def no_build(engine_args: Mapping[str, object]) -> dict[str, str]:
+    """An engine with no build of its own to describe (the reference's is the harness's commit)."""
+    return {}
+
+
 def no_program(engine_args: Mapping[str, object]) -> str | None:
     """An engine whose cells run the engine itself."""
     return None
+
+
+def no_cpu_needs(engine_args: Mapping[str, object]) -> Mapping[str, Mapping[str, frozenset[str]]]:
+    """An engine none of whose levels chooses a kernel path by the CPU's flags."""
+    return {}
 
 
 def no_cross_golden(levels: Mapping[str, object],
@@ -226,8 +236,13 @@ class Engine:
     #: the version of what it drives, read without starting it (the run header records it; ``--resume`` refuses
     #: to mix rows of two versions)
     version: Callable[[Mapping[str, object]], str | None] = no_version
+    #: what its build says of itself, read cheaply without serving (no engine start): name → value, e.g. llama.cpp's
+    #: commit, compiler and the CPU features ggml compiled; the run header's host record keeps it beside ``version``
+    build: Callable[[Mapping[str, object]], dict[str, str]] = no_build
     #: the program its cells run, by name, where that is not the engine itself (a server: its wire format)
     program: Callable[[Mapping[str, object]], str | None] = no_program
+    #: factor → level → the CPU flags that level's kernel path needs (a host without them refuses the matrix at load)
+    needs_cpu: Callable[[Mapping[str, object]], Mapping[str, Mapping[str, frozenset[str]]]] = no_cpu_needs
 
     @property
     def name(self) -> str:

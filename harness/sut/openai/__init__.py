@@ -76,6 +76,12 @@ def _launch_problem(engine_args: Mapping[str, object]) -> str | None:
     return None if problem is None else f"[server] command: {problem}"
 
 
+def _needs_cpu(server: Mapping[str, object]) -> Mapping[str, Mapping[str, frozenset[str]]]:
+    from harness.sut.openai.table import needs_cpu
+
+    return needs_cpu(server)
+
+
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("server",), parse_tables=_parse_tables,
                 launch_problem=_launch_problem, cross_golden=_cross_golden,
-                program=lambda server: str(server.get("api", "openai")))
+                program=lambda server: str(server.get("api", "openai")), needs_cpu=_needs_cpu)

@@ -14,6 +14,13 @@ request (``request``), once for every level (``{level}`` in the strings) or leve
     off = { request = { cache_prompt = false } }
     device = { request = { cache_prompt = true } }
 
+A level that chooses one of the server's kernel paths names the CPU flags that path needs (``cpu``): on a host
+without them the matrix is refused when it loads, naming the missing flag (``needs_cpu``), never run into failures::
+
+    [server.levels.cpu_kernels]
+    amx = { cpu = ["amx_tile"] }
+    plain = { flags = ["--no-repack"] }
+
 A ``pd`` factor's levels other than ``off`` run two servers, a prefill one and a decode one, each launched with
 the command plus its role's additions, and hand every request from one to the other as vLLM's toy proxy does: the
 prefill server gets the request with ``[server.pd] request`` over it (one token, "keep the KV for a remote
@@ -39,6 +46,7 @@ import string
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
+from harness.sut.host import KERNEL_FLAGS
 from harness.sut.levels import EngineLevels, TableError
 
 #: wire formats the harness speaks (harness.sut.openai.wire.API): OpenAI completions (vLLM's, SGLang's
@@ -69,7 +77,7 @@ READ_BACKS = {"llamacpp": "llamacpp", "sglang": "sglang", "vllm": None}
 PD_FACTOR = "pd"
 PD_ROLES = ("prefill", "decode")
 PD_KEYS = ("handoff", "request", "levels")
-LEVEL_KEYS = ("flags", "env", "request")
+LEVEL_KEYS = ("flags", "env", "request", "cpu")
 SERVER_KEYS = ("name", "api", "command", "env", "health", "endpoint", "metrics", "reset", "request", "model_name",
                "priority", "cached_tokens", "counters", "levels", "pd", "read_back", "start_timeout_s", "request_timeout_s")
 
@@ -149,6 +157,12 @@ def parse_server(table: object, factors: Mapping[str, Sequence[object]], default
             raise TableError(f"[factors] {factor}", "the server never sees this factor: give it a "
                                f"[server.levels.{factor}] entry or name {{{factor}}} in [server] command")
     return server
+
+
+def needs_cpu(server: Mapping[str, object]) -> dict[str, dict[str, frozenset[str]]]:
+    """factor → level → the CPU flags the parsed ``server`` table says that level's kernel path needs."""
+    return {factor: {level: frozenset(entry["cpu"]) for level, entry in entries.items() if "cpu" in entry}
+            for factor, entries in server["levels"].items()}
 
 
 def placeholders(text: str) -> list[str]:
@@ -308,9 +322,25 @@ def _level_entry(key: str, entry: object, names: Sequence[str], level: bool) -> 
     for name in entry:
         if name not in LEVEL_KEYS:
             raise TableError(f"{key}.{name}", f"unknown key (known: {', '.join(LEVEL_KEYS)})")
-    return {"flags": _strings(f"{key}.flags", entry.get("flags", []), names, level),
-            "env": _env(f"{key}.env", entry.get("env", {}), names, level),
-            "request": _request(f"{key}.request", entry.get("request", {}))}
+    parsed = {"flags": _strings(f"{key}.flags", entry.get("flags", []), names, level),
+              "env": _env(f"{key}.env", entry.get("env", {}), names, level),
+              "request": _request(f"{key}.request", entry.get("request", {}))}
+    if "cpu" in entry:
+        if not level:
+            raise TableError(f"{key}.cpu", "a pd role cannot need CPU flags: give them to the pd level's factor entry")
+        parsed["cpu"] = _cpu(f"{key}.cpu", entry["cpu"])
+    return parsed
+
+
+def _cpu(key: str, value: object) -> list[str]:
+    """A level's ``cpu``: the CPU flags its kernel path needs (``harness.sut.host.KERNEL_FLAGS``), sorted."""
+    if not isinstance(value, list) or not value or not all(isinstance(flag, str) for flag in value):
+        raise TableError(key, f"expected a non-empty list of CPU flags, got {value!r}")
+    unknown = [flag for flag in value if flag not in KERNEL_FLAGS]
+    if unknown:
+        raise TableError(key, f"{', '.join(map(repr, unknown))} is not a CPU flag kernels choose their path by "
+                              f"({', '.join(KERNEL_FLAGS)})")
+    return sorted(set(value))
 
 
 def _all_strings(value: object) -> list[str]:
