@@ -126,6 +126,12 @@ class Reproducer:
     report_dir: Path
 
     @property
+    def needs_cpu(self) -> list[str]:
+        """The CPU flags the declarations an xfail row met need (``cpu``): the finding shows only on such a CPU."""
+        declarations = (self.row.get("expected") or {}).get("declarations", [])
+        return sorted({flag for decl in declarations for flag in decl.get("cpu") or []})
+
+    @property
     def slug(self) -> str:
         """The finding's folder name: ``reference-completeness-scheduler-priority`` (a server's: by its ``api``)."""
         what = self.check.check if self.check.oracle == "error" else self.check.text()

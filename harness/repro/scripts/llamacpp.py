@@ -85,4 +85,4 @@ def script(repro: Reproducer, path: Path) -> str:
             "    runs = run_settings(CHECKPOINTS, {\"failing\": FAILING, \"toggled\": TOGGLED}, ROUNDS)\n"
             "    return reproduce(CHECK, runs[\"failing\"], runs[\"toggled\"], SETTING)")
     imports = {"import sys", *(line for lines, _ in sources for line in lines)}
-    return assemble(doc, imports, constants, [source for _, source in sources], main)
+    return assemble(doc, imports, constants, [source for _, source in sources], main, repro.needs_cpu)

@@ -110,4 +110,4 @@ def script(repro: Reproducer, path: Path) -> str:
     ]
     main = ("def main():\n    print(f\"python {sys.version.split()[0]}, torch {torch.__version__}\")\n"
             "    return reproduce(CHECK, serve(FAILING, ROUNDS), serve(TOGGLED, ROUNDS), SETTING)")
-    return assemble(doc, imports, constants, [source for _, source in sources], main)
+    return assemble(doc, imports, constants, [source for _, source in sources], main, repro.needs_cpu)

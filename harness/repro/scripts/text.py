@@ -16,6 +16,7 @@ from harness.oracles import pd_audit
 from harness.repro import expect
 from harness.repro.finding import Reproducer
 from harness.repro.standalone import checks
+from harness.sut import host
 from harness.sut.host import kernel_flags
 
 
@@ -62,7 +63,7 @@ def definitions(module: ModuleType, names: Sequence[str] | None = None) -> tuple
 
 def check_definitions() -> list[tuple[list[str], str]]:
     """What every script copies in to judge its check: ``standalone.checks`` and the oracle rule it calls."""
-    return [definitions(checks), definitions(pd_audit, ["nixl_bytes"])]
+    return [definitions(checks), definitions(pd_audit, ["nixl_bytes"]), definitions(host, ["flags_of", "_field"])]
 
 
 def import_block(lines: set[str] | list[str]) -> str:
@@ -101,9 +102,10 @@ def environment(*engine: str) -> list[str]:
             f"CPU {platform.machine()}, flags: {' '.join(kernel_flags()) or 'unknown'}"]
 
 
-#: how every script ends its docstring.
+#: how every script ends its docstring (a finding that needs CPU flags adds ``CANNOT_SHOW_LINE``).
 EXIT_LINES = ("Exit status: 1 while the bug is present, 0 once fixed, 2 when a run raised something the finding did",
               "not record.")
+CANNOT_SHOW_LINE = "{code} (and one line naming the flag) on a host whose CPU lacks {flags}: nothing run there can show it."
 
 
 def docstring(repro: Reproducer, engine: str, notes: Sequence[str], engine_lines: Sequence[str],
@@ -123,6 +125,8 @@ def docstring(repro: Reproducer, engine: str, notes: Sequence[str], engine_lines
         *(wrapped for line in prose for wrapped in textwrap.wrap(line, 110, subsequent_indent="  ")), "",
         "Environment it was written in:", *(f"  {line}" for line in environment(*engine_lines)), *run, *EXIT_LINES,
     ]
+    if repro.needs_cpu:
+        lines += textwrap.wrap(CANNOT_SHOW_LINE.format(code=checks.CANNOT_SHOW, flags=" ".join(repro.needs_cpu)), 110)
     return '"""' + "\n".join(lines) + '\n"""'
 
 
@@ -147,8 +151,14 @@ def workload_and_check(repro: Reproducer) -> list[str]:
     ]
 
 
-def assemble(doc: str, imports: set[str], constants: Sequence[str], sources: Sequence[str], main: str) -> str:
-    """A script: its docstring, imports, constants, the copied-in definitions, ``main`` and the call to it."""
+def assemble(doc: str, imports: set[str], constants: Sequence[str], sources: Sequence[str], main: str,
+             needs_cpu: Sequence[str] = ()) -> str:
+    """A script: its docstring, imports, constants, the copied-in definitions, ``main`` and the call to it; with
+    ``needs_cpu`` (the CPU flags its finding needs) ``NEEDS_CPU`` too, checked before ``main`` runs anything."""
+    if needs_cpu:
+        constants = ["#: the CPU flags the finding needs: on a CPU without one the script exits CANNOT_SHOW, running nothing",
+                     f"NEEDS_CPU = {literal(list(needs_cpu))}", *constants]
+    call = "cannot_show(NEEDS_CPU) or main()" if needs_cpu else "main()"
     return "\n".join(["#!/usr/bin/env python3", doc, "from __future__ import annotations", "", import_block(imports),
                       "", "", *constants, "", "", *(f"{source}\n\n" for source in sources), main, "", "",
-                      'if __name__ == "__main__":\n    sys.exit(main())', ""])
+                      f'if __name__ == "__main__":\n    sys.exit({call})', ""])

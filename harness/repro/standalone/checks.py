@@ -10,13 +10,35 @@ leave a key out); an engine that counts its verify steps instead of saying them 
 "block_bytes", "state_bytes"}`` (what NIXL moved into the decode side, that side's own prefix hit in tokens, the
 prompts' lengths, its KV layout). ``CHECK`` (written into each script) names the oracle, its check, the passes
 it failed in and what it needs: the requested lengths, tolerances, the cached tokens the engine's rule allows.
+A finding that shows only on a CPU with some flags (a kernel path the engine takes only there) names them in the
+script's ``NEEDS_CPU``; on a host without them the script says so and exits ``CANNOT_SHOW`` (``cannot_show``).
 """
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
-# a script carries this definition beside these (``harness.repro.scripts.text.check_definitions``)
+# a script carries these definitions beside these (``harness.repro.scripts.text.check_definitions``)
 from ...oracles.pd_audit import nixl_bytes
+from ...sut.host import flags_of
+
+#: the exit status of a script on a host whose CPU lacks a flag its finding needs: nothing run there can show it.
+CANNOT_SHOW = 3
+
+
+def cannot_show(needs: list[str], cpuinfo: str = "/proc/cpuinfo") -> int:
+    """``CANNOT_SHOW``, after one line naming each flag in ``needs`` this host's CPU lacks, or 0 when it has them all
+    (then the script runs its settings)."""
+    try:
+        have = flags_of(Path(cpuinfo).read_text())
+    except OSError:
+        have = frozenset()
+    lacking = [flag for flag in needs if flag not in have]
+    if lacking:
+        print(f"CANNOT SHOW HERE: this finding needs a CPU with {' '.join(needs)}; this CPU lacks {' '.join(lacking)} "
+              f"({cpuinfo}), so neither setting was run")
+        return CANNOT_SHOW
+    return 0
 
 
 def _outputs(run: dict, name: str) -> list[dict]:

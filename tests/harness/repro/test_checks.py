@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import ast
 import inspect
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from harness.repro.scripts.text import assemble, check_definitions
 from harness.repro.standalone import checks, reference, vllm
 from harness.sut import weights
+from harness.sut.host import KERNEL_FLAGS, cpu_flags
+
+AMX_XEON = "processor\t: 0\nflags\t\t: fpu sse4_2 avx2 avx512f avx512_bf16 amx_bf16 avx512_fp16 amx_tile amx_int8\n"
+AMD_EPYC = "processor\t: 0\nflags\t\t: fpu sse4_2 avx2 avx512f avx512_bf16 avx512_vnni\n"
 
 
 def output(rid: str, tokens: list[int], **extra) -> dict:
@@ -96,7 +104,7 @@ def test_every_oracle_a_script_judges_has_a_check() -> None:
                                   "accept_length", "pd_audit", "error"}
 
 
-@pytest.mark.parametrize("module, allowed", [(checks, set()), (reference, {"reference_impl"}),
+@pytest.mark.parametrize("module, allowed", [(checks, {"pathlib"}), (reference, {"reference_impl"}),
                                              (weights, {"torch", "safetensors", "json", "pathlib"}),
                                              (vllm, {"vllm", "json", "os", "signal", "socket", "subprocess", "sys",
                                                      "tempfile", "pathlib", "importlib"})])
@@ -124,3 +132,29 @@ def test_the_inline_dense_recipe_is_the_checkpoint_the_engines_serve(tmp_path) -
     assert all(torch.equal(inline[name], exported[name]) for name in exported)
     written = load_file(f"{weights.write_checkpoint(tmp_path / 'dense', config, inline)}/model.safetensors")
     assert all(torch.equal(written[name], exported[name]) for name in exported)
+
+
+@pytest.mark.parametrize("cpuinfo, status", [(AMX_XEON, 0), (AMD_EPYC, checks.CANNOT_SHOW)])
+def test_a_finding_that_needs_amx_cannot_show_on_a_cpu_without_it(tmp_path: Path, capsys, cpuinfo: str,
+                                                                   status: int) -> None:
+    """Recorded cpuinfo of both kinds: the AMX Xeon runs the settings (0), the EPYC says it cannot, naming the flag."""
+    (tmp_path / "cpuinfo").write_text(cpuinfo)
+    assert checks.cannot_show(["amx_int8", "amx_tile"], str(tmp_path / "cpuinfo")) == status
+    said = capsys.readouterr().out
+    assert ("CANNOT SHOW HERE" in said and "lacks amx_int8 amx_tile" in said) == bool(status), said
+
+
+def test_a_script_on_a_host_without_its_flag_exits_cannot_show_before_running_anything(tmp_path: Path) -> None:
+    """The gate a script is assembled with, run as a script: a flag this machine lacks stops it with 3 and one line;
+    one it has (or none asked) lets ``main`` run."""
+    lacking = next(flag for flag in KERNEL_FLAGS if flag not in cpu_flags())  # sve on x86, avx512f on Arm
+    sources = [source for _, source in check_definitions()]
+    imports = {"import sys", *(line for lines, _ in check_definitions() for line in lines)}
+    main = "def main():\n    print('RAN')\n    return 1"
+    for needs, status in (([lacking], checks.CANNOT_SHOW), (sorted(cpu_flags() & set(KERNEL_FLAGS))[:1], 1), ([], 1)):
+        script = tmp_path / "repro.py"
+        script.write_text(assemble('"""doc"""', imports, [], sources, main, needs))
+        done = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == status, (needs, done.stdout, done.stderr)
+        assert ("RAN" in done.stdout) == (status == 1) and ("NEEDS_CPU" in script.read_text()) == bool(needs)
+        assert (f"lacks {lacking}" in done.stdout) == (status == checks.CANNOT_SHOW), done.stdout
