@@ -1,7 +1,8 @@
 """A stand-in inference server for tests/harness/sut/openai/test_engine.py: OpenAI completions over HTTP, and every way to fail.
 
 ``python fake_server.py PORT MODE PIDFILE``. Its tokens are a fixed function of the prompt (so its golden
-runs agree with its cells); MODE makes it misbehave: ``ok``; ``exit`` (exits before it is healthy);
+runs agree with its cells); MODE makes it misbehave: ``ok``; ``exit`` (exits before it is healthy); ``sigill`` (killed
+by SIGILL before it is healthy, having printed an exception line, as llama.cpp's AMX kernel dies in its warm-up);
 ``unhealthy`` (never answers 200 on /health); ``die:N`` (killed by SIGKILL at its N-th completion);
 ``hang:N`` (never answers its N-th completion); ``not_json``; ``drop:FIELD`` (a response without FIELD, a
 dotted path); ``child`` (forks a worker that must die with it, as a real server's engine process); ``slow:S``
@@ -113,6 +114,10 @@ def main() -> None:
     if MODE == "exit":
         sys.stderr.write("fake server: RuntimeError: no such model\n")
         sys.exit(1)
+    if MODE == "sigill":
+        sys.stderr.write("fake server: warm-up: ValueError: an unrelated warning\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGILL)
     if (MODE == "child" or MODE.startswith("slow:")) and os.fork() == 0:
         record_pid()
         time.sleep(3600)

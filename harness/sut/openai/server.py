@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -41,13 +42,16 @@ class ServerProcess:
         return f"http://{HOST}:{self.port}{path}"
 
     def failure(self, summary: str) -> ServerError:
-        """``summary``, then the server's output tail, then its last exception line (often far above the tail):
-        that line ends the message, so the error row's type is the server's own (``error: TypeError`` is
-        declarable), ``ServerError`` when it printed none."""
+        """``summary``, then the server's output tail, then its cause: the signal that killed it (``SIGILL: …``), else
+        its last exception line (often far above the tail). That line ends the message, so the error row's type is
+        the signal or the server's own exception (``error: SIGILL``, ``error: TypeError`` are declarable),
+        ``ServerError`` when it printed none."""
         self.log.flush()
         output = self.log_path.read_bytes()
+        code = self.group.proc.poll()
         # once it served, what it printed while starting (vLLM logs a warning's traceback there) is not the cause
-        cause = raised_first(output[self.served_from:].decode(errors="replace")) or f"ServerError: {summary}"
+        cause = (f"{signal.Signals(-code).name}: the server was killed by a signal" if code is not None and code < 0
+                 else raised_first(output[self.served_from:].decode(errors="replace")) or f"ServerError: {summary}")
         tail = output[-LOG_TAIL:].decode(errors="replace").rstrip()
         return ServerError(f"{summary}; its output ({self.log_path}):\n{tail}\n{cause}")
 

@@ -17,6 +17,7 @@ from harness.matrix.file import load_matrix
 from harness.matrix.model import MatrixError, generate
 from harness.run.golden import GoldenRuns
 from harness.run.cell import run_cell
+from harness.results.rows import error_type
 from harness.sut.openai.launch import Launch
 from harness.sut.openai.wire import ServerError, field_at, llamacpp_parse, metric_sums, openai_parse, request_output
 from harness.sut.process import is_live
@@ -111,6 +112,14 @@ def test_the_error_rows_type_is_the_servers_own_exception(tmp_path: Path) -> Non
 def test_a_killed_server_names_its_last_output(tmp_path: Path) -> None:
     row, _ = run_one(tmp_path, "die:1")
     assert row.status == "error" and "server killed by SIGKILL" in row.error and "out of memory" in row.error, row.error
+    assert error_type(row.error) == "SIGKILL", row.error
+
+
+def test_a_server_killed_by_a_signal_at_start_errs_with_the_signal_as_its_type(tmp_path: Path) -> None:
+    """The signal, not an exception line it printed before, is the cause a declaration names (``error: SIGILL``)."""
+    row, _ = run_one(tmp_path, "sigill")
+    assert row.status == "error" and "the server ended (killed by SIGILL) before /health answered" in row.error
+    assert error_type(row.error) == "SIGILL" and "unrelated warning" in row.error, row.error
 
 
 def test_a_server_that_never_gets_healthy_is_an_error_within_its_start_timeout(tmp_path: Path) -> None:
@@ -150,6 +159,7 @@ print("SIGINT at start:", signal.getsignal(signal.SIGINT), "blocked:", signal.pt
 from harness.matrix.file import load_matrix
 from harness.matrix.model import generate
 from harness.run.cell import run_cell
+from harness.results.rows import error_type
 from harness.run.golden import GoldenRuns
 matrix = load_matrix(sys.argv[1])
 (cell,) = generate(matrix)
