@@ -94,6 +94,9 @@ class RunHeader:
     engine_version: str | None = None  # what the engine says it is (``Engine.version``); None when it cannot say
     #: the CPU flags an engine's kernels choose their path by that this machine has (``harness.sut.host``)
     cpu_flags: list[str] = field(default_factory=list)
+    #: the host record (``harness.sut.host.Host.to_json``): CPU model, flags and cores, the GPU, the engine's version
+    #: and build; compare and a merged report name the facts two runs' hosts differ in
+    machine: dict = field(default_factory=dict)
     #: a ``--resume --accept-changed`` run: each ``RESUME_FIELDS`` field that changed, as "recorded → now"
     accepted_changes: dict[str, str] = field(default_factory=dict)
 

@@ -82,6 +82,15 @@ def _needs_cpu(server: Mapping[str, object]) -> Mapping[str, Mapping[str, frozen
     return needs_cpu(server)
 
 
+def _build(server: Mapping[str, object]) -> dict[str, str]:
+    """The server's build facts, where its wire format's module reads them (llama.cpp's: ``llamacpp_build``)."""
+    if server.get("api") != "llamacpp":
+        return {}
+    from harness.sut.openai.llamacpp_build import build
+
+    return build(server)
+
+
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("server",), parse_tables=_parse_tables,
-                launch_problem=_launch_problem, cross_golden=_cross_golden,
+                launch_problem=_launch_problem, cross_golden=_cross_golden, build=_build,
                 program=lambda server: str(server.get("api", "openai")), needs_cpu=_needs_cpu)

