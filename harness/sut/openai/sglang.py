@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from harness.sut.base import Applied, Traits
+from harness.sut.host import cpu_flags
 from harness.sut.openai.launch import flag_value
 from harness.sut.openai.wire import ServerError
 from harness.sut.rules import PagedPrefixCache
@@ -55,23 +56,26 @@ RADIX_DETERMINISTIC = ("fa3", "fa4", "triton")
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """A change SGLang makes to a field by a rule its source states: when it applies (asked, resolved), and where."""
+    """A change SGLang makes to a field by a rule its source states: when it applies (asked, resolved, the CPU flags
+    of the host the server runs on: the harness's own, a server being local), and where."""
 
     field: str
-    applies: Callable[[Mapping[str, object], Mapping[str, object]], bool]
+    applies: Callable[[Mapping[str, object], Mapping[str, object], frozenset[str]], bool]
     cite: str
 
 
 RULES = (
     Rule("disable_radix_cache",
-         lambda asked, used: bool(used.get("enable_deterministic_inference"))
+         lambda asked, used, flags: bool(used.get("enable_deterministic_inference"))
          and used.get("attention_backend") not in RADIX_DETERMINISTIC,
          "SGLang keeps no radix cache under deterministic inference on this backend (arg_groups/attention_hook.py, "
          "_handle_deterministic_inference)"),
+    # SGLang asks torch (torch.cpu._is_amx_tile_supported, utils/common.py cpu_has_amx_support): on a host whose CPU
+    # has amx_tile the same change is no fallback and defeats the cell
     Rule("attention_backend",
-         lambda asked, used: asked.get("attention_backend") == "intel_amx" and used.get("device") == "cpu"
-         and used.get("attention_backend") == "torch_native",
-         "SGLang runs torch_native for intel_amx on a CPU without AMX (arg_groups/overrides.py, "
+         lambda asked, used, flags: asked.get("attention_backend") == "intel_amx" and used.get("device") == "cpu"
+         and used.get("attention_backend") == "torch_native" and "amx_tile" not in flags,
+         "SGLang runs torch_native for intel_amx on a CPU without AMX, as this host's is (arg_groups/overrides.py, "
          "_attention_backend_platform_fallbacks)"),
 )
 
@@ -96,24 +100,27 @@ def asked(argv: Sequence[str]) -> dict[str, object]:
     return arguments
 
 
-def read_back(arguments: Mapping[str, object], info: Mapping[str, object]) -> tuple[Applied, ...]:
+def read_back(arguments: Mapping[str, object], info: Mapping[str, object],
+              flags: frozenset[str] | None = None) -> tuple[Applied, ...]:
     """What SGLang applied of ``arguments``, field by field from ``/server_info``; a change a rule of ``RULES``
-    explains carries its citation and defeats nothing."""
+    explains on a host with CPU ``flags`` (this machine's by default) carries its citation and defeats nothing."""
+    flags = cpu_flags() if flags is None else flags
     missing = sorted(name for name in {*arguments, "page_size"} if name not in info)
     if missing:
         raise ServerError(f"malformed response to GET {SERVER_INFO}: no {', '.join(missing)}")
     found = []
     for name, value in arguments.items():
         used = info[name]
-        rule = next((r.cite for r in RULES if r.field == name and value != used and r.applies(arguments, info)), "")
+        rule = next((r.cite for r in RULES if r.field == name and value != used and r.applies(arguments, info, flags)), "")
         found.append(Applied(name, value, used, "" if rule or value == used else FIELDS[name].defeats, rule))
     return tuple(found)
 
 
-def judged_traits(traits: Traits, argv: Sequence[str], info: Mapping[str, object]) -> Traits:
-    """``traits`` as SGLang applied them: its radix cache on or off and its page size as resolved, judged by
-    SGLang's rule, every setting read back beside the launch's."""
-    applied = read_back(asked(argv), info)
+def judged_traits(traits: Traits, argv: Sequence[str], info: Mapping[str, object],
+                  flags: frozenset[str] | None = None) -> Traits:
+    """``traits`` as SGLang applied them on a host with CPU ``flags`` (this machine's by default): its radix cache on
+    or off and its page size as resolved, judged by SGLang's rule, every setting read back beside the launch's."""
+    applied = read_back(asked(argv), info, flags)
     used = {setting.what: setting.used for setting in applied}
     page_size = int(info["page_size"])
     cache = replace(traits.cache, enabled=not used["disable_radix_cache"], page_size=page_size, chunk_size=page_size,

@@ -75,19 +75,48 @@ def test_the_radix_cache_off_is_judged_off() -> None:
     assert not traits.cache.enabled and traits.cache.page_size == 1
 
 
+#: the kernel flags of the two hosts SGLang ran on here (their runs' headers): an AMD EPYC without AMX, where the
+#: fallback was captured, and an Intel Xeon with it
+EPYC = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vnni"})
+XEON_AMX = EPYC | {"avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}
+
+
 def test_a_documented_fallback_is_shown_with_its_rule_and_judged_as_applied() -> None:
     """Asked intel_amx on a CPU without AMX, SGLang ran torch_native (captured): shown, cited, not a failure."""
     info = recorded("server_info_intel_amx_fallback")
     argv = asked(info["launch_command"].split())
-    (backend,) = [a for a in read_back(argv, info) if a.what == "attention_backend"]
+    (backend,) = [a for a in read_back(argv, info, EPYC) if a.what == "attention_backend"]
     assert (backend.asked, backend.used, backend.defeats) == ("intel_amx", "torch_native", "")
     assert "_attention_backend_platform_fallbacks" in backend.describe()
+
+
+def test_the_same_fallback_on_a_cpu_with_amx_defeats_the_cell() -> None:
+    """SGLang falls back only where the CPU lacks AMX: on a host with amx_tile, torch_native for intel_amx is no rule's
+    change, so the cell that tests intel_amx is defeated, not excused."""
+    info = recorded("server_info_intel_amx_fallback")
+    (backend,) = [a for a in read_back(asked(info["launch_command"].split()), info, XEON_AMX)
+                  if a.what == "attention_backend"]
+    assert backend.used == "torch_native" and backend.defeats and not backend.rule
+
+
+def test_the_fallback_rule_reads_the_host_the_harness_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without recorded flags the rule takes this machine's (the server is local): as the AMX host, the fallback
+    defeats; as the EPYC, it is excused."""
+    from harness.sut.openai import sglang
+
+    info = recorded("server_info_intel_amx_fallback")
+    argv = asked(info["launch_command"].split())
+    for flags, excused in ((XEON_AMX, False), (EPYC, True)):
+        monkeypatch.setattr(sglang, "cpu_flags", lambda flags=flags: flags)
+        (backend,) = [a for a in read_back(argv, info) if a.what == "attention_backend"]
+        assert (not backend.defeats) == excused
 
 
 def test_a_change_no_rule_explains_defeats_the_cell() -> None:
     """The same fallback's answer on a machine SGLang's rule does not cover (a GPU) fails the applied oracle."""
     info = {**recorded("server_info_intel_amx_fallback"), "device": "cuda"}
-    (backend,) = [a for a in read_back(asked(info["launch_command"].split()), info) if a.what == "attention_backend"]
+    argv = asked(info["launch_command"].split())
+    (backend,) = [a for a in read_back(argv, info, EPYC) if a.what == "attention_backend"]
     assert backend.defeats and not backend.rule
     info = {**recorded("server_info_radix_page16"), "disable_radix_cache": True}
     traits = judged(info)
