@@ -1,7 +1,8 @@
 """JUnit XML of a run (junitparser): one test case per cell, so GPU jobs feed CI test views.
 
 A failing cell is a ``failure`` whose message lists the failing oracles' messages; a cell that
-raised is an ``error`` with its traceback; the run header becomes the suite's properties.
+raised is an ``error`` with its traceback; the run header becomes the suite's properties, its host record's facts
+among them (``host.cpu_model``, ``host.gpu``, ``host.llamacpp.AMX_INT8``).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from harness.results.header import reproduce_command
+from harness.results.hosts import facts_of
 from harness.results.rows import as_float, error_line
 
 #: characters XML 1.0 cannot carry, even escaped (a traceback may hold any of them).
@@ -49,6 +51,15 @@ def _case(row: Mapping, header: Mapping) -> TestCase:
     return case
 
 
+def host_properties(header: Mapping) -> dict[str, str]:
+    """The host facts of a run header (``machine``; ``cpu_flags`` is a property of its own) as JUnit properties:
+    ``host.NAME``, an engine's as ``host.ENGINE.NAME``; a fact there is none of (no GPU) is "none"."""
+    if not isinstance(header.get("machine"), Mapping):
+        return {}
+    return {"host." + name.replace(" ", ".", 1): "none" if value is None else str(value)
+            for name, value in facts_of({"machine": header["machine"]}).items() if name != "cpu_flags"}
+
+
 def write_junit(path: Path, rows: Sequence[Mapping], runs: Sequence[Mapping]) -> None:
     """Write ``rows`` as one JUnit test suite per matrix to ``path``."""
     by_run = {r["run_id"]: r for r in runs}
@@ -62,6 +73,8 @@ def write_junit(path: Path, rows: Sequence[Mapping], runs: Sequence[Mapping]) ->
             for key in ("matrix_sha256", "mode", "strength", "faults", "device", "device_name", "cpu_flags", "shard", "commit",
                         "date", "host", "command"):
                 suites[matrix].add_property(key, _xml_text(header.get(key, "")))
+            for key, value in host_properties(header).items():
+                suites[matrix].add_property(key, _xml_text(value))
         suites[matrix].add_testcase(_case(row, header))
     for suite in suites.values():
         suite.update_statistics()

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from harness.results.locate import analyze, error_class
 from harness.results.header import REPRO_STATUSES, repro_command, reproduce_command
+from harness.results.hosts import runs_changes
 from harness.results.rows import as_float, dumps, error_line
 from reports import evidence
 from reports.grid import grid
@@ -22,8 +23,8 @@ SHOWN_FINDINGS = 5
 #: out, which keeps a 5,000-cell page quick to open (BENCHMARKS.md, bench_report.py).
 OPEN_TABLE_LIMIT = 1000
 HEADER_FIELDS = ("matrix", "matrix_file", "matrix_sha256", "accepted_changes", "mode", "strength", "faults", "device",
-                 "device_name", "cpu_flags", "engine", "engine_version", "shard", "cells_planned", "commit", "date",
-                 "host", "versions", "command", "run_id")
+                 "device_name", "cpu_model", "cpu_flags", "cores", "gpu", "engine", "engine_version", "engine_build",
+                 "shard", "cells_planned", "commit", "date", "host", "versions", "command", "run_id")
 
 
 def anchors(cell_ids: Sequence[str]) -> dict[str, str]:
@@ -158,6 +159,23 @@ def filter_css(factors: Sequence[str], levels: Mapping[str, list], oracles: Sequ
     return "\n".join(rules) + "\n"
 
 
+def shown_run(header: Mapping) -> dict:
+    """A run header as the Run table shows it: its host record (``machine``) spread into ``cpu_model``, ``cores``,
+    ``gpu`` (name, compute capability, driver, CUDA) and ``engine_build`` (the engine's version and build facts)."""
+    machine = header.get("machine") if isinstance(header.get("machine"), Mapping) else {}
+    if not machine:
+        return dict(header)
+    card = machine.get("gpu") if isinstance(machine.get("gpu"), Mapping) else None
+    gpu = None if card is None else ", ".join(
+        [str(card.get("name")), *(f"{what} {card[key]}" for what, key in (("compute", "capability"), ("driver", "driver"),
+                                                                           ("CUDA", "cuda")) if card.get(key))])
+    engines = machine.get("engine") or {}
+    build = {(name if len(engines) == 1 else f"{engine} {name}"): value
+             for engine, facts in engines.items() for name, value in facts.items()}
+    return {**header, "cpu_model": machine.get("cpu_model"), "cores": machine.get("cores"), "gpu": gpu,
+            "engine_build": build}
+
+
 def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = (),
                   report_dir: str = "DIR") -> dict:
     """Everything the index template draws; ``report_dir`` is where the page and its results.jsonl lie (the
@@ -170,7 +188,9 @@ def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Ma
     table = row_ids([r["cell_id"] for r in rows])
     classes = analyze(rows, probes)
     return {
-        "summary": summary, "runs": list(runs.values()), "header_fields": HEADER_FIELDS, "classes": classes,
+        "summary": summary, "runs": [shown_run(r) for r in runs.values()], "header_fields": HEADER_FIELDS,
+        "host_changes": runs_changes(list(runs.values())), "differing": summary.get("differing_cells") or [],
+        "classes": classes,
         "shown_findings": SHOWN_FINDINGS, "open_table_limit": OPEN_TABLE_LIMIT, "grid": grid(rows), "groups": groups(rows, runs, ids, table, report_dir), "ids": ids, "rows_ids": table,
         "probes": probes, "probes_run": sum(not (p.get("probe") or {}).get("reused") for p in probes), "factors": factors, "levels": levels, "oracles": oracles,
         "cells": cell_rows(rows, factors, levels, oracles, ids, table), "declared": declared(rows),

@@ -14,6 +14,7 @@ from pathlib import Path
 from harness.results.compare import TOLERANCES, compare, text
 from harness.results.files import INDEX, PROBES, RESULTS, RUNS
 from harness.results.header import file_sha256
+from harness.results.hosts import differing_cells, differing_text
 from harness.results.reader import RunData, load, planned, summarize, write_summary
 from harness.results.rows import write_lines
 from harness.run.locate import MAX_PROBED, locate, located_text
@@ -56,12 +57,18 @@ def cmd_report(args: argparse.Namespace) -> int:
         write_lines(out / RUNS, data.runs)
         write_lines(out / PROBES, data.probes)
     summary = summarize(data.rows, data.runs, planned(data.runs, len(data.rows)))
+    if data.replaced:
+        summary["differing_cells"] = differing_cells(data.replaced, data.runs)
     write_summary(out, summary)
     write_report(out, data.rows, summary, data.probes)
     if args.junit:
         write_junit(Path(args.junit), data.rows, data.runs)
     counts = ", ".join(f"{n} {s}" for s, n in summary["counts"].items() if n)
     print(f"{len(data.rows)} cells from {len(args.paths)} input(s), {len(data.runs)} run(s): {counts or 'none'}")
+    differing = summary.get("differing_cells", [])
+    if differing:
+        print(f"cells whose verdicts differ between inputs (the latter kept): {len(differing)}")
+        print("\n".join(f"  {differing_text(item)}" for item in differing))
     print(f"report: {out / INDEX}")
     return 2 if bad else 0
 
@@ -80,7 +87,7 @@ def _tolerances(items: Sequence[str]) -> dict[str, tuple[float, float]]:
 def cmd_compare(args: argparse.Namespace) -> int:
     """New failures, fixed, still failing and metric drift; exit 1 on new failures only."""
     (base, bad_base), (new, bad_new) = _load([args.base]), _load([args.new])
-    comparison = compare(base.rows, new.rows, _tolerances(args.tolerance))
+    comparison = compare(base.rows, new.rows, _tolerances(args.tolerance), base.runs, new.runs)
     print(text(comparison, args.base, args.new))
     if args.html:
         write_compare(Path(args.html), comparison, args.base, args.new)

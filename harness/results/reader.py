@@ -26,6 +26,8 @@ class RunData:
     probes: list[dict] = field(default_factory=list)
     problems: list[LineProblem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: cells two inputs both held: (the row replaced, the row kept), in the order met
+    replaced: list[tuple[dict, dict]] = field(default_factory=list)
 
 
 def _header_problem(row: object) -> str | None:
@@ -40,7 +42,7 @@ def _results_file(path: Path) -> Path:
 
 def load(paths: Sequence[Path]) -> RunData:
     """Read and merge report dirs (or results files, whose runs.jsonl and locate.jsonl sit beside them)."""
-    data, where = RunData(), {}
+    data, where, kept = RunData(), {}, {}
     for path in paths:
         results = _results_file(Path(path))
         if not results.exists():
@@ -50,7 +52,8 @@ def load(paths: Sequence[Path]) -> RunData:
         for row, line in zip(read.rows, read.lines):
             if row["cell_id"] in where:
                 data.notes.append(f"{row['cell_id']}: in {where[row['cell_id']]} and {results}:{line}; keeping the latter")
-            where[row["cell_id"]] = f"{results}:{line}"
+                data.replaced.append((kept[row["cell_id"]], row))
+            where[row["cell_id"]], kept[row["cell_id"]] = f"{results}:{line}", row
         data.rows = list({r["cell_id"]: r for r in [*data.rows, *read.rows]}.values())
         runs = read_rows(results.parent / RUNS, _header_problem)
         data.problems += runs.problems

@@ -11,7 +11,7 @@ from reports import evidence
 from reports.html import index_page
 from harness.results.locate import analyze
 from harness.results.reader import summarize
-from tests import report_rows
+from tests import recorded_hosts, report_rows
 
 PAYLOAD = "<script>alert(1)</script>\"'><img src=x onerror=alert(2)>"
 
@@ -183,3 +183,24 @@ def test_each_failing_or_xfail_cell_shows_its_repro_command(sample: list[dict]) 
     assert {rows[0]["cell_id"], *(row["cell_id"] for row in failing)} <= shown
     assert xpass["cell_id"] not in shown
     assert not shown - {row["cell_id"] for row in rows if row["status"] in ("fail", "error", "xfail")}
+
+
+def test_the_run_table_shows_each_hosts_record_and_names_what_differs_between_hosts() -> None:
+    """Shards of one matrix on the recorded EPYC and AMX Xeon (tests/recorded_hosts.py): each column shows its CPU,
+    cores, GPU and llama.cpp's build, and the page says what the second host differs in; one host, no section."""
+    runs = [recorded_hosts.header("run-e", "epyc"), recorded_hosts.header("run-x", "xeon_amx")]
+    rows = [recorded_hosts.row(recorded_hosts.CELLS[0], "pass", "run-e"), recorded_hosts.row(recorded_hosts.CELLS[1],
+                                                                                            "pass", "run-x")]
+    html = page(rows, runs)
+    table = html[html.index('<h2 id="run">'):]
+    assert "<tr><td>cpu_model</td><td>AMD EPYC 9B14</td><td>Intel(R) Xeon(R) Processor</td></tr>" in table
+    assert "<tr><td>cores</td><td>2</td><td>2</td></tr>" in table and "<tr><td>gpu</td><td>–</td><td>–</td></tr>" in table
+    build = re.search(r"<tr><td>engine_build</td><td>(.*?)</td><td>(.*?)</td></tr>", table)
+    assert "AMX_INT8" not in build.group(1) and "AVX512 1" in build.group(1) and "AMX_INT8 1" in build.group(2)
+    hosts = html[html.index('<h2 id="hosts">'):html.index('<h2 id="run">')]
+    assert "run <code>run-x</code>: cpu_model AMD EPYC 9B14 → Intel(R) Xeon(R) Processor, cpu_flags +avx512_fp16" in hosts
+    assert "llamacpp AMX_INT8 none → 1" in hosts
+    assert 'id="hosts"' not in page(rows[:1], runs[:1])
+    gpu = {**runs[1], "machine": {**runs[1]["machine"], "gpu": {"name": "NVIDIA H100", "capability": "9.0",
+                                                                  "driver": "550.54.15", "cuda": "12.4"}}}
+    assert "NVIDIA H100, compute 9.0, driver 550.54.15, CUDA 12.4" in page(rows[1:], [gpu])

@@ -124,6 +124,30 @@ def test_a_run_names_its_cpu_flags_and_a_resume_on_another_cpu_is_refused(
     assert "cpu_flags [avx2, avx512f, amx_tile] → [avx2, avx512f]" in capsys.readouterr().err
 
 
+def test_a_runs_header_records_its_host_and_the_engines_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host record (harness.sut.host.record) with the engine's version and build facts (``Engine.build``) under
+    its program's name; an engine with neither adds none."""
+    from dataclasses import replace
+
+    import harness.sut.reference
+    from harness.sut.host import cpu_model_of, kernel_flags
+
+    report = tmp_path / "out"
+    run = ["run", "--matrix", str(write_matrix(tmp_path)), "--report-dir", str(report), "--cell",
+           "/model:dense/scheduler:fcfs/page_size:16/"]
+    assert main(run) == 0
+    machine = json.loads((report / "runs.jsonl").read_text().splitlines()[-1])["machine"]
+    assert machine["cpu_model"] == cpu_model_of(Path("/proc/cpuinfo").read_text()) and machine["engine"] == {}
+    assert machine["cpu_flags"] == kernel_flags() and machine["cores"] >= 1
+    engine = harness.sut.reference.ENGINE
+    monkeypatch.setattr(harness.sut.reference, "ENGINE", replace(engine, version=lambda args: "7",
+                                                                 build=lambda args: {"AMX_INT8": "1"}))
+    assert main(run) == 0
+    header = json.loads((report / "runs.jsonl").read_text().splitlines()[-1])
+    assert header["machine"]["engine"] == {"reference": {"version": "7", "AMX_INT8": "1"}}
+    assert "AMX_INT8 1" in (report / "index.html").read_text()
+
+
 def test_a_crashing_cell_is_an_error_and_the_run_goes_on(tmp_path: Path) -> None:
     path = write_matrix(tmp_path, schedulers='["fcfs", "tests.components:ExplodingQueue"]')
     report = tmp_path / "out"

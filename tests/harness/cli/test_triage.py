@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from harness.cli.main import main
 from harness.results.rows import write_lines
 from harness.results.compare import compare
-from tests import report_rows
+from tests import recorded_hosts, report_rows
 
 
 def shard_dir(root: Path, name: str, rows: list[dict], header: dict) -> Path:
@@ -119,3 +120,46 @@ def test_a_wrong_shaped_row_is_named_by_file_and_line_and_the_rest_is_rendered(t
     shown = page.read_text()
     other = next(r for r in bad if r is not victim and r["status"] == "fail")
     assert victim["cell_id"] not in shown and other["cell_id"] in shown
+
+
+def test_compare_across_hosts_says_which_facts_differ_beside_the_differing_cell(tmp_path: Path, capsys) -> None:
+    """The recorded EPYC and AMX Xeon nights (tests/recorded_hosts.py): the AMX cell went pass → xfail, and the
+    line names the CPU, its AMX flags and llama.cpp's AMX kernels; the cell still failing as before says nothing."""
+    epyc = recorded_hosts.nightly(tmp_path / "epyc", "epyc", "run-e", amx_fails=False)
+    xeon = recorded_hosts.nightly(tmp_path / "xeon", "xeon_amx", "run-x", amx_fails=True)
+    page = tmp_path / "compare.html"
+    assert main(["compare", str(epyc), str(xeon), "--html", str(page)]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if recorded_hosts.AMX_CELL in line)
+    assert line.startswith(f"  XFAIL {recorded_hosts.AMX_CELL} (pass → xfail); hosts differ in cpu_model AMD EPYC 9B14 → "
+                           "Intel(R) Xeon(R) Processor, cpu_flags +avx512_fp16 +amx_tile +amx_bf16 +amx_int8, ")
+    assert "llamacpp AMX_INT8 none → 1" in line and "hosts differ in: cpu_model" in out
+    assert f"STILL {recorded_hosts.CELLS[2]} (tokens → tokens)\n" in out
+    assert "llamacpp AMX_INT8 none → 1" in page.read_text()
+    assert main(["compare", str(xeon), str(recorded_hosts.nightly(tmp_path / "x2", "xeon_amx", "run-2", False))]) == 0
+    assert "hosts differ" not in capsys.readouterr().out
+
+
+def test_a_report_merging_two_hosts_lists_the_cells_whose_verdicts_differ_and_the_facts(tmp_path: Path, capsys) -> None:
+    epyc = recorded_hosts.nightly(tmp_path / "epyc", "epyc", "run-e", amx_fails=False)
+    xeon = recorded_hosts.nightly(tmp_path / "xeon", "xeon_amx", "run-x", amx_fails=True)
+    out = tmp_path / "merged"
+    assert main(["report", str(epyc), str(xeon), "--out", str(out), "--junit", str(out / "junit.xml")]) == 0
+    printed = capsys.readouterr().out
+    assert "cells whose verdicts differ between inputs (the latter kept): 1\n" in printed
+    assert f"  {recorded_hosts.AMX_CELL}: pass → xfail (tokens); hosts differ in cpu_model AMD EPYC 9B14" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert [d["cell_id"] for d in summary["differing_cells"]] == [recorded_hosts.AMX_CELL]
+    html = (out / "index.html").read_text()
+    assert 'id="hosts"' in html and "run <code>run-x</code>: cpu_model AMD EPYC 9B14" in html
+    assert "<mark>cpu_model AMD EPYC 9B14" in html and "AMD EPYC 9B14</td><td>Intel(R) Xeon(R) Processor" in html
+    assert junit_properties(out / "junit.xml")["host.llamacpp.AMX_INT8"] == "1"  # the first row's run: the Xeon's
+    assert main(["report", str(epyc), "--junit", str(tmp_path / "epyc.xml")]) == 0
+    properties = junit_properties(tmp_path / "epyc.xml")
+    assert properties["host.cpu_model"] == "AMD EPYC 9B14" and properties["host.llamacpp.AVX512"] == "1"
+    assert "host.llamacpp.AMX_INT8" not in properties and properties["host.gpu"] == "none"
+
+
+def junit_properties(path: Path) -> dict[str, str]:
+    suite = ET.parse(path).getroot().find("testsuite")
+    return {p.get("name"): p.get("value") for p in suite.iter("property")}
