@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.matrix.file import load_matrix
 from harness.sut import process, vllm
+from harness.sut.host import cpu_flags
 from harness.sut.openai import launch
+from harness.results.rows import error_type
 from tests.binaries import required_path
 
 pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one real engine at a time
@@ -69,6 +72,25 @@ def smoke_rows(tmp_path: Path, matrix: str) -> dict[str, dict]:
     assert code == 0 and set(statuses.values()) <= {"pass", "xfail"}, statuses
     assert all(Path(log).is_file() for row in rows for log in row["metrics"].get("server_logs", []))
     return {row["cell_id"]: row for row in rows}
+
+
+def declared_here(matrix: str, rows: dict[str, dict]) -> dict[str, list[int]]:
+    """cell → the ``[[expected]]`` entries (their numbers) that apply to it on this host, read from the matrix file
+    and this CPU's flags; every row's verdict is the one they give: ``xfail`` where one applies (with those entries
+    and the declared error's type where it is one), ``pass`` where none does. Never "every cell passes": a cell of a
+    kernel path this host takes and another does not is judged by the declarations of the host it ran on."""
+    loaded, flags = load_matrix(matrix), cpu_flags()
+    applying = {}
+    for cell_id, row in rows.items():
+        numbers = [entry.number for entry in loaded.expected if entry.matches(row["factors"], flags)]
+        applying[cell_id] = numbers
+        assert row["status"] == ("xfail" if numbers else "pass"), (cell_id, numbers, row["status"], row.get("error"))
+        if numbers:
+            recorded = [decl["number"] for decl in row["expected"]["declarations"]]
+            assert recorded == numbers, (cell_id, recorded, numbers)
+            errors = [name[len("error: "):] for name in row["expected"]["fails"] if name.startswith("error: ")]
+            assert not errors or error_type(row["error"]) in errors, (cell_id, row["error"])
+    return applying
 
 
 @pytest.mark.vllm

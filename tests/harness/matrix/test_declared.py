@@ -18,6 +18,7 @@ from harness.results.compare import compare
 from harness.results.rows import CellResult, Verdict
 from harness.run.plan import plan_cell
 from harness.run.session import check_runnable
+from harness.sut.host import flags_of
 from tests.harness.cli.test_main import records, write_matrix
 
 DECLARED = """
@@ -163,6 +164,25 @@ def test_a_declaration_for_a_cpu_applies_only_where_the_cpu_has_its_flags(
     assert row["status"] == status
     assert (row.get("expected") or {}).get("declarations", [{}])[0].get("cpu") == (["amx_tile"] if status == "xfail"
                                                                                    else None)
+
+
+@pytest.mark.parametrize("name", ["xeon_amx", "epyc"])
+def test_the_llamacpp_amx_finding_applies_on_the_recorded_amx_host_alone(monkeypatch: pytest.MonkeyPatch,
+                                                                         name: str) -> None:
+    """The smollm2 llama.cpp smoke on each recorded host, whatever machine runs this: on the Xeon with AMX its
+    repack cells are declared to die of SIGILL (the draft cells keep the drafted-logprob entry), on the EPYC no
+    declaration touches a repack cell without a proposer, and the plain cells are the same on both."""
+    from tests.recorded_hosts import DATA
+
+    flags = flags_of((DATA / f"cpuinfo_{name}.txt").read_text())
+    monkeypatch.setattr("harness.matrix.model.cpu_flags", lambda: flags)
+    matrix = load_matrix("smollm2_llamacpp_smoke")
+    known = {tuple(sorted((f, cell.as_dict()[f]) for f in ("spec", "cpu_kernels"))):
+             sorted(name for entry in matrix.known_for(cell) for name in entry.fails) for cell in generate(matrix)}
+    sigill = ["error: SIGILL"] if name == "xeon_amx" else []
+    assert known == {(("cpu_kernels", "repack"), ("spec", "none")): sigill,
+                     (("cpu_kernels", "repack"), ("spec", "draft")): sorted(["logprobs", *sigill]),
+                     (("cpu_kernels", "plain"), ("spec", "draft")): ["logprobs"]}, known
 
 
 def test_a_declared_tolerance_is_the_cells(tmp_path: Path) -> None:
