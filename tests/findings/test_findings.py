@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.repro.standalone.checks import CANNOT_SHOW
 from harness.sut.openai.launch import llama_server_path
 from harness.sut.vllm import vllm_python
 from tests.binaries import required_path
@@ -25,8 +26,16 @@ TIMEOUT_S = 300
 STAND_IN = Path(__file__).with_name("stand_in")
 
 
+def skip_where_it_cannot_show(done: subprocess.CompletedProcess) -> None:
+    """A finding that shows only on a CPU with some flags (its script's ``NEEDS_CPU``) is skipped on a host without
+    them, by the one line its script prints there before running anything."""
+    if done.returncode == CANNOT_SHOW and "CANNOT SHOW HERE" in done.stdout:
+        pytest.skip(done.stdout.strip().splitlines()[-1])
+
+
 def still_shows(done: subprocess.CompletedProcess, script: Path, engine: str, matrix: str) -> None:
     """A script run on the pinned engine exits 1 with its bug; exit 0 says the engine fixed it."""
+    skip_where_it_cannot_show(done)
     tail = (done.stdout + done.stderr)[-3000:]
     if done.returncode == 0:
         pytest.fail(f"{script.parent.name} is fixed by this {engine} version: remove or update findings/"
@@ -61,6 +70,7 @@ def test_a_vllm_script_exits_zero_on_an_engine_without_the_bug(script: Path, tmp
     path = f"{STAND_IN}:{sysconfig.get_paths()['purelib']}"
     done = subprocess.run([sys.executable, "-S", str(script)], cwd=tmp_path, env={"PYTHONPATH": path},
                           capture_output=True, text=True, timeout=TIMEOUT_S)
+    skip_where_it_cannot_show(done)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "FIXED" in done.stdout
 
@@ -71,5 +81,19 @@ def test_a_llamacpp_script_exits_zero_on_a_server_without_the_bug(script: Path, 
     env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": f"{STAND_IN / 'bin'}:{os.environ['PATH']}"}
     done = subprocess.run([sys.executable, "-S", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=TIMEOUT_S)
+    skip_where_it_cannot_show(done)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "FIXED" in done.stdout
+
+
+def test_a_script_that_cannot_show_its_finding_here_is_skipped_with_its_line() -> None:
+    """On a host whose CPU lacks a flag the finding needs, the script's exit CANNOT_SHOW and its line skip the test
+    (whichever host runs this); any other exit is judged."""
+    line = ("CANNOT SHOW HERE: this finding needs a CPU with amx_tile; this CPU lacks amx_tile (/proc/cpuinfo), so "
+            "neither setting was run")
+    cannot = subprocess.CompletedProcess([], CANNOT_SHOW, stdout=f"{line}\n", stderr="")
+    with pytest.raises(pytest.skip.Exception, match="CANNOT SHOW HERE"):
+        skip_where_it_cannot_show(cannot)
+    for shows in (subprocess.CompletedProcess([], 1, stdout="BUG PRESENT\n", stderr=""),
+                  subprocess.CompletedProcess([], CANNOT_SHOW, stdout="", stderr="Traceback ...")):
+        skip_where_it_cannot_show(shows)  # judged, not skipped
