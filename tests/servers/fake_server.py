@@ -3,6 +3,8 @@
 ``python fake_server.py PORT MODE PIDFILE``. Its tokens are a fixed function of the prompt (so its golden
 runs agree with its cells); MODE makes it misbehave: ``ok``; ``exit`` (exits before it is healthy); ``sigill`` (killed
 by SIGILL before it is healthy, having printed an exception line, as llama.cpp's AMX kernel dies in its warm-up);
+``self_kill`` (prints a traceback, then SIGKILLs itself before it is healthy, as SGLang's launcher ends its process
+tree once its scheduler dies);
 ``unhealthy`` (never answers 200 on /health); ``die:N`` (killed by SIGKILL at its N-th completion);
 ``hang:N`` (never answers its N-th completion); ``not_json``; ``drop:FIELD`` (a response without FIELD, a
 dotted path); ``child`` (forks a worker that must die with it, as a real server's engine process); ``slow:S``
@@ -118,6 +120,11 @@ def main() -> None:
         sys.stderr.write("fake server: warm-up: ValueError: an unrelated warning\n")
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGILL)
+    if MODE == "self_kill":
+        sys.stderr.write('Traceback (most recent call last):\n  File "scheduler.py", line 1, in run\n'
+                         "NotImplementedError: \"rmsnorm_kernel\" not implemented for 'Float'\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
     if (MODE == "child" or MODE.startswith("slow:")) and os.fork() == 0:
         record_pid()
         time.sleep(3600)

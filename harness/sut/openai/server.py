@@ -24,6 +24,11 @@ DEATH_GRACE_S = 2.0
 HEALTH_POLL_S = 0.25
 
 
+#: signals a process dies of by a fault of its own (an illegal instruction, a bad address, abort()), not a kill sent
+FAULT_SIGNALS = frozenset({signal.SIGILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGABRT, signal.SIGTRAP,
+                           signal.SIGSYS})
+
+
 class ServerProcess:
     """One server in a process group of its own, its output in a log file; stopped group and all."""
 
@@ -42,16 +47,22 @@ class ServerProcess:
         return f"http://{HOST}:{self.port}{path}"
 
     def failure(self, summary: str) -> ServerError:
-        """``summary``, then the server's output tail, then its cause: the signal that killed it (``SIGILL: …``), else
-        its last exception line (often far above the tail). That line ends the message, so the error row's type is
-        the signal or the server's own exception (``error: SIGILL``, ``error: TypeError`` are declarable),
-        ``ServerError`` when it printed none."""
+        """``summary``, then the server's output tail, then its cause: the fault signal that killed it (``SIGILL: …``),
+        else its last exception line (often far above the tail), else the signal that ended it. That line ends the
+        message, so the error row's type is the fault or the server's own exception (``error: SIGILL``,
+        ``error: TypeError`` are declarable), ``ServerError`` when it printed none."""
         self.log.flush()
         output = self.log_path.read_bytes()
         code = self.group.proc.poll()
+        killed = signal.Signals(-code) if code is not None and code < 0 else None
         # once it served, what it printed while starting (vLLM logs a warning's traceback there) is not the cause
-        cause = (f"{signal.Signals(-code).name}: the server was killed by a signal" if code is not None and code < 0
-                 else raised_first(output[self.served_from:].decode(errors="replace")) or f"ServerError: {summary}")
+        raised = raised_first(output[self.served_from:].decode(errors="replace"))
+        # a kill after an exception is the server ending itself (SGLang's launcher SIGKILLs its own process tree
+        # once a child dies: kill_process_tree); a fault is the CPU's or the process's own, whatever it printed
+        if killed is not None and (killed in FAULT_SIGNALS or raised is None):
+            cause = f"{killed.name}: the server was killed by a signal"
+        else:
+            cause = raised or f"ServerError: {summary}"
         tail = output[-LOG_TAIL:].decode(errors="replace").rstrip()
         return ServerError(f"{summary}; its output ({self.log_path}):\n{tail}\n{cause}")
 

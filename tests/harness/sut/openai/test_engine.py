@@ -122,6 +122,14 @@ def test_a_server_killed_by_a_signal_at_start_errs_with_the_signal_as_its_type(t
     assert error_type(row.error) == "SIGILL" and "unrelated warning" in row.error, row.error
 
 
+def test_a_server_that_kills_itself_after_an_exception_errs_with_the_exception_as_its_type(tmp_path: Path) -> None:
+    """A kill (not a fault) after a traceback is the server ending itself, as SGLang's launcher SIGKILLs its process
+    tree once its scheduler raised: the exception is the cause a declaration names (``error: NotImplementedError``)."""
+    row, _ = run_one(tmp_path, "self_kill")
+    assert row.status == "error" and "killed by SIGKILL" in row.error, row.error
+    assert error_type(row.error) == "NotImplementedError", row.error
+
+
 def test_a_server_that_never_gets_healthy_is_an_error_within_its_start_timeout(tmp_path: Path) -> None:
     row, seconds = run_one(tmp_path, "unhealthy", start_timeout=2)
     assert row.status == "error" and "did not answer /health within 2 s" in row.error
