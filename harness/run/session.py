@@ -35,18 +35,23 @@ def check_runnable(matrix: Matrix, device: str, flags: frozenset[str] | None = N
     problem = engine.launch_problem(matrix.engine_args)
     if problem is not None:
         raise MatrixError(f"{shown_path(matrix.path)}: {problem}")
-    levels = [(factor, level) for factor, values in matrix.factors for level in values] + list(matrix.golden.items())
-    for factor, level in levels:
+    for factor, level in _levels(matrix):
         reason = engine.levels.refused(device, factor, level)
         if reason is not None:
             raise MatrixError(f"{shown_path(matrix.path)}: [factors] {factor}: level {level!r} cannot run on "
                               f"--device {device}: {reason}")
-    _check_cpu_needs(matrix, engine.needs_cpu(matrix.engine_args), cpu_flags() if flags is None else flags, levels)
+    check_cpu_needs(matrix, cpu_flags() if flags is None else flags)
 
 
-def _check_cpu_needs(matrix: Matrix, needs: Mapping[str, Mapping[str, frozenset[str]]], flags: frozenset[str],
-                     levels: Sequence[tuple[str, object]]) -> None:
-    for factor, level in levels:
+def _levels(matrix: Matrix) -> list[tuple[str, object]]:
+    """Every (factor, level) a run of ``matrix`` may run: its factors' levels and its golden ones."""
+    return [(factor, level) for factor, values in matrix.factors for level in values] + list(matrix.golden.items())
+
+
+def check_cpu_needs(matrix: Matrix, flags: frozenset[str]) -> None:
+    """Raise ``MatrixError`` naming the first level of ``matrix`` whose kernel path needs a CPU flag ``flags`` lacks."""
+    needs = sut.engine(matrix.engine).needs_cpu(matrix.engine_args)
+    for factor, level in _levels(matrix):
         missing = sorted(needs.get(factor, {}).get(str(level), frozenset()) - flags)
         if missing:
             raise MatrixError(f"{shown_path(matrix.path)}: [factors] {factor}: level {level!r} needs CPU flag(s) "

@@ -96,7 +96,8 @@ def test_list_names_each_pair_the_choice_leaves_out_and_passes(tmp_path: Path, c
 
 def test_the_projects_smollm2_matrices_choose_their_cells() -> None:
     """Issue 31's budget cuts are choices: no constraint of these matrices forbids what the engines can run."""
-    for name in ("smollm2_vllm", "smollm2_vllm_smoke", "smollm2_llamacpp", "smollm2_llamacpp_smoke", "smollm2_vllm_server"):
+    for name in ("smollm2_vllm", "smollm2_vllm_smoke", "smollm2_llamacpp", "smollm2_llamacpp_smoke", "smollm2_llamacpp_amx",
+                 "smollm2_vllm_server"):
         matrix = matrix_file.named_matrix(name)
         assert matrix.mode == "cells" and not matrix.constraints and matrix.cell_choices, name
 

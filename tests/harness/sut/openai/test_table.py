@@ -10,7 +10,7 @@ import pytest
 
 from harness.matrix.file import load_matrix
 from harness.matrix.model import MatrixError
-from harness.run.session import check_runnable
+from harness.run.session import check_cpu_needs, check_runnable
 from harness.sut.host import flags_of
 from harness.sut.openai.launch import Launch
 from tests.harness.sut.openai.test_engine import FAKE, MATRIX
@@ -69,3 +69,19 @@ def test_a_bad_cpu_need_names_the_file_and_key(tmp_path: Path, levels: str, need
     with pytest.raises(MatrixError) as caught:
         load_matrix(str(kernel_matrix(tmp_path, levels)))
     assert needle in str(caught.value) and "s.toml" in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize("name, refused", [("xeon_amx", False), ("epyc", True)])
+def test_the_amx_matrix_loads_on_the_recorded_amx_host_and_is_refused_on_the_other(name: str, refused: bool) -> None:
+    """matrices/smollm2_llamacpp_amx.toml's kernel path needs amx_tile: the recorded Xeon runs it, the recorded EPYC
+    refuses it at load with the flag named, whatever machine runs this test (the program's presence aside)."""
+    from tests.recorded_hosts import DATA
+
+    matrix = load_matrix("smollm2_llamacpp_amx")
+    flags = flags_of((DATA / f"cpuinfo_{name}.txt").read_text())
+    if not refused:
+        check_cpu_needs(matrix, flags)
+        return
+    with pytest.raises(MatrixError, match=r"smollm2_llamacpp_amx.toml: \[factors\] cpu_kernels: level 'amx' needs "
+                                          r"CPU flag\(s\) amx_tile, which this host's CPU lacks"):
+        check_cpu_needs(matrix, flags)
