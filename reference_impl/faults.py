@@ -271,6 +271,22 @@ HOST_DEMOTES_AS_OLDEST = Fault(
     ),
 )
 
+FULL_HIT_LAST_TOKEN_ONLY = Fault(
+    name="full_hit_last_token_only",
+    incident="vLLM #11186 (before it): a fully cached prompt recomputed its last token alone, not its last block",
+    triggers={"model": ("dense",), "cache": ("device", "host", "storage"), "page_size": (2, 4, 8, 16, 32, 64)},
+    oracle="cached_tokens",
+    doc=(
+        "When every page of a prompt of an exact page multiple is cached (the same prompt again), the match takes the "
+        "whole prompt and steps back one token, not one page: the request reports n - 1 cached tokens, a count no "
+        "whole-page cache grants, and recomputes its last token into the cached last page (vLLM's allocate_slots "
+        "counted whole blocks, so that block was not cached right and the hash chain broke; tokens stayed right). "
+        "Only a full-prompt hit at k*B shows it: at k*B +- 1 the last token's page is not whole, at page size 1 a "
+        "token is a page, a hybrid model resumes only at a snapshot (its match is left alone), cache=off never hits. "
+        "No prompt of smoke's fixed workloads is a multiple of 16; the boundary family draws them (issue 42)."
+    ),
+)
+
 PD = ("inproc", "nixl", "mooncake")
 
 PD_STAGING_GRID_SHIFT = Fault(
@@ -387,7 +403,7 @@ FAULTS: dict[str, Fault] = {
         DRAFT_STATE_NOT_CACHED, MTP_LAYER_INDEX_OOB, HICACHE_DRAFT_NOT_RESTORED, MAMBA_WHOLE_BLOCK_OFFLOAD,
         NGRAM_PROMPT_ONLY, TENANT_NAMESPACE_DROPPED, PAGE_KEY_FORGETS_PREFIX, DRAFT_PAGES_KEPT_ON_PREEMPT,
         SPLIT_SNAPSHOT_TO_HEAD, SPEC_FINISH_PAGE_LEAK, EVICT_IGNORES_LOCK, HOST_DEMOTES_AS_OLDEST,
-        DRAFT_CHAIN_DEFAULT_STEPS, EVICT_COUNTS_LEAVES,
+        DRAFT_CHAIN_DEFAULT_STEPS, EVICT_COUNTS_LEAVES, FULL_HIT_LAST_TOKEN_ONLY,
         PD_STAGING_GRID_SHIFT, PD_VIRTUAL_IDS_ON_WIRE, PD_COMPACTION_IN_FLIGHT, PD_MAMBA_STATE_EARLY,
         PD_DRAFT_STATE_NOT_SENT, PD_PREFILL_VERIFY_SCRATCH, PD_ABORT_CACHES_PAGES,
         PD_PARTIAL_PAGE_EARLY,

@@ -31,7 +31,6 @@ from harness.results.rows import FAILING, CellResult
 from harness.results.store import ResultsStore, ResumeRefused, RunInfo
 from harness.run.faultcheck import check_fault, check_fault_set
 from harness.run.parallel import default_jobs, execute
-from harness.run.plan import plan_cell
 from harness.run.session import MatrixRun
 from harness.sut import UnknownEngineError
 from harness.sut.interrupt import signum_of, stop_on_signals
@@ -42,6 +41,8 @@ from reports.junit import write_junit
 
 #: the default of ``-j`` when set (the test suite sets 1: pytest -n already fills the cores).
 JOBS_ENV = "KVMATRIX_JOBS"
+#: the boundary family's example database under the report directory unless ``--examples-db`` names one
+EXAMPLES_DIR = "hypothesis"
 
 
 class UsageError(ValueError):
@@ -121,6 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     info = RunInfo(matrix.name, matrix.mode, matrix.strength, sorted(faults), len(cells), header=header, device=args.device)
     store = ResultsStore(Path(args.report_dir), info, render=write_report)
     done = store.start(args.resume, {c.cell_id for c in cells}, accept_changed=args.accept_changed)
+    run.examples_db = args.examples_db or str(store.dir / EXAMPLES_DIR)
     started = time.perf_counter()
     interrupted = 0  # the signal that stopped the run
     with RunProgress(len(cells)) as progress:
@@ -154,7 +156,7 @@ def _run_cells(run: MatrixRun, cells: Sequence[Cell], done: set[str], jobs: int,
                progress: RunProgress) -> None:
     """Run the cells not ``done``, ``jobs`` at a time (dearest first when side by side), each row stored as it ends."""
     matrix = run.matrix
-    plans = [plan_cell(matrix, cell, run.faults) for cell in cells]
+    plans = [run.plan(cell) for cell in cells]
     todo = [i for i, cell in enumerate(cells) if cell.cell_id not in done]
     jobs = min(jobs, len(todo))
     if jobs > 1:
@@ -210,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cell", action="append", default=[], metavar="ID",
                      help="run only this cell (repeatable); any allowed combination of the matrix's levels")
     run.add_argument("--junit", metavar="FILE", help="also write the cells of this run as JUnit XML (one test case per cell)")
+    run.add_argument("--examples-db", metavar="DIR", help="the boundary family's Hypothesis example database, kept "
+                     f"between runs: a draw that failed is replayed first (default: REPORT_DIR/{EXAMPLES_DIR})")
     run.add_argument("-j", "--jobs", type=int, metavar="N",
                      help=f"cells side by side in N worker processes (default: ${JOBS_ENV}, else the cores this process may use)")
     run.set_defaults(handler=cmd_run)

@@ -42,6 +42,7 @@ class MatrixSession:
         info = RunInfo(self.matrix.name, self.matrix.mode, self.matrix.strength, sorted(self.faults), len(self.cells),
                        header=header, device=device)
         self.store = ResultsStore(Path(config.getoption("report_dir")), info, render=write_report)
+        self.run.examples_db = str(self.store.dir / "hypothesis")
         if hasattr(config, "workerinput"):  # a worker writes its rows under the controller's run id
             header.run_id = config.workerinput.get("kvmatrix_run_id", header.run_id)
         self.controller = not hasattr(config, "workerinput")

@@ -20,16 +20,19 @@ from harness.matrix.model import (
     MODES, Matrix, check_strength, chosen_cells, generate, index_constraints, level_token,
     matrix_error, shown_path,
 )
+from harness.matrix.boundary import parse_boundary
 from harness.matrix.covering.fixedsize import DEFAULT_MOVES
 from harness.matrix.declared import DECLARED_TABLES, parse_declared
 from harness.matrix.tables import (
     among, check_factor_name, check_keys, describe, levels_text, parse_cell_choices, parse_constraints, parse_cost,
     parse_level_table, parse_stronger, parse_workload_rules, parse_workloads, typed,
 )
+from harness.sut.base import no_seams
 from harness.sut.levels import EngineLevels, LevelError, TableError
 
 DEFAULT_TIMEOUT_S = 600.0
-_TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger", "workloads", "cells", *DECLARED_TABLES)
+_TABLES = ("matrix", "factors", "golden", "constraints", "cost", "stronger", "workloads", "cells", "boundary",
+           *DECLARED_TABLES)
 _MATRIX_KEYS = ("name", "description", "engine", "mode", "strength", "search_moves", "workloads", "timeout_s")
 #: the most ``[matrix] search_moves`` a file may ask for (at 0.1-0.2 ms a move, under an hour).
 MAX_SEARCH_MOVES = 10_000_000
@@ -83,6 +86,8 @@ def load_matrix(
     rules = parse_workload_rules(path, doc.get("workloads", []), dict(factors), known_workloads, levels)
     choices = parse_cell_choices(path, doc.get("cells", []), dict(factors), header, levels)
     declared = parse_declared(path, doc, lambda key, value: parse_level_table(path, key, value, dict(factors), levels))
+    boundary = parse_boundary(path, _table(path, doc, "boundary", required=False), dict(factors), levels,
+                              engine.seams is not no_seams)
     loaded = {**doc, "matrix": {**doc["matrix"], "timeout_s": header["timeout_s"]}}  # the cell's timeout, default or not
     try:
         engine_args = engine.parse_tables(loaded, dict(factors), golden_table)
@@ -90,7 +95,7 @@ def load_matrix(
         raise matrix_error(path, exc.key, str(exc)) from exc
     matrix = Matrix(path=path, factors=factors, constraints=constraints, golden=golden, cost=cost,
                       stronger=stronger, workload_rules=rules, engine_args=engine_args, cell_choices=choices,
-                      **declared, **header)
+                      boundary=boundary, **declared, **header)
     if matrix.strength is not None:
         check_strength(matrix, matrix.strength, "[matrix] strength")
     _check_golden_allowed(matrix)

@@ -16,10 +16,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from harness.matrix import covering
 from harness.matrix.known import Expected, Tolerance, matches
 from harness.sut.host import cpu_flags
+
+if TYPE_CHECKING:
+    from harness.matrix.boundary import BoundarySettings
 
 MODES = ("full", "t-wise", "ofat", "cells")
 _ABSENT = object()
@@ -122,6 +126,8 @@ class Matrix:
     engine_args: Mapping[str, object] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     #: ``[[cells]]``: in mode ``cells``, the cells chosen to run; the rest of the product runs only when ``--cell`` names it.
     cell_choices: tuple[CellChoice, ...] = ()
+    #: ``[boundary]``: the boundary family drawn per cell (``harness.matrix.boundary``); None: fixed workloads only.
+    boundary: BoundarySettings | None = None
 
     def expected_for(self, cell: Cell) -> dict | None:
         """The known failures ``cell`` is judged against: every ``[[expected]]`` entry it matches, merged (their

@@ -5,7 +5,8 @@
    at its golden level until one makes the check pass (``finding.toggle_candidates``).
 3. The workload shrinks while the check fails with the cell's levels and passes with the toggle (``Shrinker``):
    the interestingness test keeps the one setting the cause, so a cut that breaks the failure or the toggle's cure
-   (another bug, a spurious expectation) is thrown away.
+   (another bug, a spurious expectation) is thrown away. A boundary draw the row recorded is tried first, and it
+   comes shrunk already (Hypothesis shrank it on the engine, ``harness.run.boundary``): it is kept as it is.
 4. The engine's writer writes ``repro.py``; ``REPORT.md`` and ``finding.json`` go beside it; the script is run at
    once with the engine's interpreter, to show it exits 1.
 Every run counts against one budget: the re-runs of steps 1 and 2, and each candidate of step 3.
@@ -21,9 +22,10 @@ from harness.matrix.model import Cell
 from harness.repro.ddmin import Budget, BudgetSpent
 from harness.repro.finding import ReproError, Reproducer, Toggle, located, pick_check, pick_row, toggle_candidates
 from harness.repro.scripts import writer_for
-from harness.repro.shrink import Shrinker
+from harness.repro.shrink import Shrinker, Shrunk, Size
 from harness.repro.standalone.checks import JUDGES
 from harness.repro.trial import Check, Engines, Outcome, ReferenceFailed, References, Trial
+from harness.run.boundary import recorded
 from harness.run.locate import cell_of
 from harness.run.plan import CellPlan, plan_cell
 from harness.run.session import MatrixRun
@@ -63,19 +65,27 @@ def _workload_order(plan: CellPlan, row: Mapping, check: Check) -> list[str]:
     return list(dict.fromkeys([*(n for n in named if n in plan.workloads), *plan.workloads]))
 
 
+def _candidates(plan: CellPlan, row: Mapping, check: Check) -> list[Workload]:
+    """The workloads to show the failure again on: the boundary draw the cell's row shrunk (``harness.run.boundary``),
+    then its fixed workloads, those its findings name first."""
+    drawn = recorded(row)
+    return [*([drawn.shrunk] if drawn else []), *(load_workload(n) for n in _workload_order(plan, row, check))]
+
+
 def baseline(setup: Setup, failing: Trial, row: Mapping, check: Check, say: Say) -> tuple[Workload, Check]:
     """The first workload on which the cell fails ``check`` again (its ``check`` field filled in from the run
     where the row had none, an xfail's); ``ReproError`` when none does."""
     seen = []
-    for name in _workload_order(failing.plan, row, check):
-        outcome = setup.outcome(failing, load_workload(name))
+    for workload in _candidates(failing.plan, row, check):
+        name = workload.name
+        outcome = setup.outcome(failing, workload)
         seen.append(f"{name}: {', '.join(outcome.failing()) or 'pass'}" if outcome else f"{name}: reference raised")
         if outcome is not None and check.check is None and check.oracle != "error":
             named = [f["check"] for f in check.findings(outcome) if "check" in f]
             check = Check(check.oracle, named[0]) if named else check
         if outcome is not None and check.failed(outcome):
             say(f"reproduced: {check.text()} on {name}")
-            return load_workload(name), check
+            return workload, check
     raise ReproError(f"cell {row['cell_id']}: {check.text()} did not fail again ({'; '.join(seen)}); a flaky "
                      f"failure, or the engine or matrix changed since the run")
 
@@ -99,6 +109,17 @@ def find_toggle(setup: Setup, row: Mapping, check: Check, workload: Workload, pr
             return toggle, trial
     raise ReproError(f"cell {row['cell_id']}: no one factor at its golden level makes {check.text()} pass on "
                      f"{workload.name} ({'; '.join(tried) or 'every factor is at its golden level'})")
+
+
+def _shrink(workload: Workload, row: Mapping, fails: Callable[[Workload], bool], setup: Setup) -> Shrunk:
+    """The workload the script sends: a boundary draw as Hypothesis shrank it on the engine (its size before, after and
+    the runs it spent, from the row), a fixed workload shrunk here by delta debugging (``Shrinker``)."""
+    drawn = recorded(row)
+    if drawn is not None and workload == drawn.shrunk:
+        found = row["metrics"]["boundary"]
+        return Shrunk(workload, Size.of(drawn.original), Size.of(workload), drawn.runs,
+                      max(drawn.runs, int((found.get("settings") or {}).get("shrink_runs", drawn.runs))))
+    return Shrinker(workload, fails, setup.budget).run()
 
 
 def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping], header: Mapping, *,
@@ -138,7 +159,7 @@ def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping]
             first, second = outcomes(candidate)
             return first is not None and second is not None and check.cured(second)
 
-        shrunk = Shrinker(workload, fails, setup.budget).run()
+        shrunk = _shrink(workload, row, fails, setup)
         say(f"shrink: {shrunk.text()}")
         final = outcomes(shrunk.workload)  # already run, unless nothing shrank (then once more, past the budget)
         if final[0] is None or final[1] is None or not check.failed(final[0]) or not check.cured(final[1]):

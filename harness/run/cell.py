@@ -6,14 +6,16 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from fixtures.workloads import load_workload
 from harness import sut
 from harness.matrix.model import Cell, Matrix
+from harness.repro.trial import Engines
 from harness.results.rows import CellResult
+from harness.run.boundary import Explored, cell_seams, explore
 from harness.run.golden import GoldenRuns
 from harness.run.judge import judge, pass_views
 from harness.run.plan import CellPlan, plan_cell
@@ -34,9 +36,10 @@ class _Served:
 
 
 def run_cell(matrix: Matrix, cell: Cell, *, faults: frozenset[str], goldens: GoldenRuns,
-             on_step: OnStep | None = None) -> CellResult:
-    """Plan, run and judge one cell on the goldens' device; an exception or a timeout becomes ``error``."""
-    return run_plan(plan_cell(matrix, cell, faults), goldens, on_step)
+             on_step: OnStep | None = None, examples_db: str | None = None) -> CellResult:
+    """Plan, run and judge one cell on the goldens' device (its boundary draws kept in ``examples_db``); an
+    exception or a timeout becomes ``error``."""
+    return run_plan(replace(plan_cell(matrix, cell, faults), examples_db=examples_db), goldens, on_step)
 
 
 def run_plan(plan: CellPlan, goldens: GoldenRuns, on_step: OnStep | None = None) -> CellResult:
@@ -44,44 +47,57 @@ def run_plan(plan: CellPlan, goldens: GoldenRuns, on_step: OnStep | None = None)
     timeout becomes ``error``; a declared known failure settles the status (``xfail``, ``xpass``)."""
     step = on_step or (lambda what: None)
     started = time.perf_counter()
+    engines, explored = Engines(goldens.device), None
     try:
-        with deadline(plan.timeout_s):
-            served = _serve_cell(plan, goldens, step)
-            verdicts = judge([view for run, references in zip(served.runs, served.references)
-                              for view in pass_views(run, references, plan.tolerances, plan.known)])
+        with deadline(plan.timeout_s), ExitStack() as stack:
+            stack.callback(engines.close)
+            served = _serve_cell(plan, goldens, engines, step)
+            views = [view for run, references in zip(served.runs, served.references)
+                     for view in pass_views(run, references, plan.tolerances, plan.known)]
+            if plan.boundary is not None:
+                traits = served.runs[-1].traits if served.runs else None
+                explored = explore(plan, engines, cell_seams(plan, traits), step)
+                views += explored.views(plan)
+            verdicts = judge(views)
     except Exception as exc:  # a crashing cell is a finding, not the end of the run
         return error_result(plan.result(), "".join(traceback.format_exception(exc)).strip(),
                             time.perf_counter() - started)
-    return cell_row(plan, verdicts, served.runs, served.own_runs, time.perf_counter() - started, served.golden_seconds)
+    wall = time.perf_counter() - started
+    if explored is not None and explored.shrunk is not None and explored.shrunk.error is not None:
+        return _with_boundary(error_result(plan.result(), explored.shrunk.error, wall), explored)
+    return _with_boundary(cell_row(plan, verdicts, served.runs, served.own_runs, wall, served.golden_seconds), explored)
 
 
-def _serve_cell(plan: CellPlan, goldens: GoldenRuns, step: OnStep) -> _Served:
+def _with_boundary(result: CellResult, explored: Explored | None) -> CellResult:
+    """The row with what its boundary stage drew (``metrics.boundary``), where the cell drew."""
+    if explored is not None:
+        result.metrics["boundary"] = explored.to_json()
+    return result
+
+
+def _serve_cell(plan: CellPlan, goldens: GoldenRuns, engines: Engines, step: OnStep) -> _Served:
     """The golden and serve stages: each workload's reference runs (computed or reused), then the cell's own run
-    on its engine, brought up at the first workload that needs it; a cell that is a golden configuration reuses
-    that golden run."""
+    on its engine (held in ``engines``, which the boundary stage serves on next), brought up at the first workload
+    that needs it; a cell that is a golden configuration reuses that golden run."""
     served, own = _Served(), plan.served_as()
     before = time.perf_counter()
     for config in plan.goldens.values():  # an engine out of process starts once per golden configuration
         if not sut.engine(config.engine).in_process:
             goldens.prefetch([config.key(name) for name in plan.workloads])
     served.golden_seconds += time.perf_counter() - before
-    with ExitStack() as stack:
-        cell_engine = None
-        for name in plan.workloads:
-            workload = load_workload(name)
-            before = time.perf_counter()
-            step(f"{name}/golden")
-            references = {ref: goldens.get(config.key(name), workload) for ref, config in plan.goldens.items()}
-            served.golden_seconds += time.perf_counter() - before
-            run = references[own] if own is not None else None
-            if run is None:
-                if cell_engine is None:
-                    cell_engine = stack.enter_context(sut.opened(plan.engine, plan.levels, plan.faults, goldens.device,
-                                                                 plan.engine_args))
-                run = serve_workload(cell_engine, workload, step)
-                served.own_runs.append(run)
-            served.runs.append(run)
-            served.references.append(references)
+    for name in plan.workloads:
+        workload = load_workload(name)
+        before = time.perf_counter()
+        step(f"{name}/golden")
+        references = {ref: goldens.get(config.key(name), workload) for ref, config in plan.goldens.items()}
+        served.golden_seconds += time.perf_counter() - before
+        run = references[own] if own is not None else None
+        if run is None:
+            cell_engine = engines.get(plan.engine, plan.levels, plan.faults, plan.engine_args)
+            run = serve_workload(cell_engine, workload, step)
+            served.own_runs.append(run)
+        served.runs.append(run)
+        served.references.append(references)
     return served
 
 

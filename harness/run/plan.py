@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from harness import sut
+from harness.matrix.boundary import BoundarySettings
 from harness.matrix.model import Cell, Matrix
 from harness.oracles.view import KnownFailure
 from harness.results.rows import CellResult
@@ -45,6 +46,8 @@ class CellPlan:
     expected: dict | None = None    # the ``[[expected]]`` entries the cell matches, merged (Matrix.expected_for)
     tolerances: dict[str, float] = field(default_factory=dict)  # ``[[tolerances]]`` it matches: logprobs, tie
     known: tuple[KnownFailure, ...] = ()  # those entries as the oracles apply them (the findings each excuses)
+    boundary: BoundarySettings | None = None  # ``[boundary]`` where this cell draws the boundary family, else None
+    examples_db: str | None = None  # the directory of Hypothesis's example database the family's draws are kept in
 
     def golden_keys(self) -> list[GoldenKey]:
         """The golden runs this cell reads, in the order the golden stage reads them."""
@@ -86,7 +89,7 @@ def _tolerances(matrix: Matrix, cell: Cell) -> dict[str, float]:
 
 def plan_cell(matrix: Matrix, cell: Cell, faults: frozenset[str]) -> CellPlan:
     """The plan of ``cell``: its levels, its references' configurations, its workloads (``[[workloads]]``) and
-    timeout, what it is declared to fail and the tolerances it is judged with."""
+    timeout, what it is declared to fail, the tolerances it is judged with and whether it draws (``[boundary]``)."""
     levels = cell.as_dict()
     engine, args = matrix.engine, dict(matrix.engine_args)
     golden_levels = {**matrix.golden, **matrix.golden_of(cell).as_dict()}
@@ -99,5 +102,6 @@ def plan_cell(matrix: Matrix, cell: Cell, faults: frozenset[str]) -> CellPlan:
         goldens["cross_engine"] = GoldenConfig(*cross)
     known = tuple(KnownFailure(entry.number, entry.fails, tuple(entry.signature.items()))
                   for entry in matrix.known_for(cell))
+    boundary = matrix.boundary if matrix.boundary is not None and matrix.boundary.applies(levels) else None
     return CellPlan(cell.cell_id, matrix.name, levels, matrix.workloads_for(cell), matrix.timeout_s, frozenset(faults),
-                    engine, args, goldens, matrix.expected_for(cell), _tolerances(matrix, cell), known)
+                    engine, args, goldens, matrix.expected_for(cell), _tolerances(matrix, cell), known, boundary)

@@ -3,6 +3,7 @@ session: the matrix loaded and checked runnable on the device, its faults checke
 golden runs every cell of the run shares."""
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from harness.results.header import (
 )
 from harness.results.rows import CellResult
 from harness.run.cell import configure_torch, run_cell
+from harness.run.plan import CellPlan, plan_cell
 from harness.run.golden import GoldenRuns
 from harness.sut.host import cpu_flags, kernel_flags, kernel_flags_of, record as host_record
 from reference_impl.faults import check_faults
@@ -68,6 +70,8 @@ class MatrixRun:
         self.device = device
         self.faults = faults
         self.goldens = GoldenRuns(device)
+        #: where the boundary family's example database lives (``--examples-db``, else the report directory's)
+        self.examples_db: str | None = None
 
     @classmethod
     def open(cls, matrix: str, *, strength: int | None = None, device: str = "cpu",
@@ -87,7 +91,12 @@ class MatrixRun:
 
     def run_cell(self, cell: Cell, on_step: Callable[[str], None] | None = None) -> CellResult:
         """Plan, run and judge one cell of this run (or any allowed combination of its levels)."""
-        return run_cell(self.matrix, cell, faults=self.faults, goldens=self.goldens, on_step=on_step)
+        return run_cell(self.matrix, cell, faults=self.faults, goldens=self.goldens, on_step=on_step,
+                        examples_db=self.examples_db)
+
+    def plan(self, cell: Cell) -> CellPlan:
+        """The plan of one cell of this run, its boundary draws kept in this run's example database."""
+        return dataclasses.replace(plan_cell(self.matrix, cell, self.faults), examples_db=self.examples_db)
 
     def header(self, matrix_arg: str, shard: str | None, cells_planned: int,
                argv: Sequence[str] | None = None) -> RunHeader:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -22,6 +22,9 @@ from fixtures.spec_expect import Proposer
 from fixtures.workloads import CachedExpectation, Workload
 from harness.sut.levels import EngineLevels
 from reference_impl.request import RequestOutput, RequestSpec
+
+if TYPE_CHECKING:
+    from fixtures.workloads.boundary import Seams
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,6 +210,11 @@ def no_cpu_needs(engine_args: Mapping[str, object]) -> Mapping[str, Mapping[str,
     return {}
 
 
+def no_seams(levels: Mapping[str, object], engine_args: Mapping[str, object]) -> Seams | None:
+    """An engine that cannot say where its cells' boundaries lie: the boundary family does not draw for it."""
+    return None
+
+
 def no_cross_golden(levels: Mapping[str, object],
                     engine_args: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
     """An engine no other engine serves the same function as."""
@@ -243,6 +251,9 @@ class Engine:
     program: Callable[[Mapping[str, object]], str | None] = no_program
     #: factor → level → the CPU flags that level's kernel path needs (a host without them refuses the matrix at load)
     needs_cpu: Callable[[Mapping[str, object]], Mapping[str, Mapping[str, frozenset[str]]]] = no_cpu_needs
+    #: a cell's seams from its full levels and engine arguments (page, prefill budget, draft tokens, context,
+    #: vocabulary), as the engine applies them: where the boundary family draws (``fixtures/workloads/boundary.py``)
+    seams: Callable[[Mapping[str, object], Mapping[str, object]], Seams | None] = no_seams
 
     @property
     def name(self) -> str:

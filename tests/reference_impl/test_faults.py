@@ -349,6 +349,29 @@ factors = ["cache", "model", "spec"]
 strength = 3
 """
 
+#: every cache, model and proposer at page sizes 1 and 16 on the boundary family alone (issue 42): only a draw whose prompt
+#: is an exact page multiple, asked for again, shows the fault; no fixed workload runs. 2-wise, the trigger 3-wise.
+BOUNDARY_FAULTS = """
+[matrix]
+name = "boundary_faults"
+mode = "t-wise"
+strength = 2
+workloads = []
+
+[factors]
+cache = ["off", "device", "host", "storage"]
+model = ["dense", "hybrid"]
+spec = ["none", "ngram", "draft"]
+page_size = [1, 16]
+
+[[stronger]]
+factors = ["cache", "model", "page_size"]
+strength = 3
+
+[boundary]
+draws = 2
+"""
+
 MATRIX_OF = {
     "priority_scheduler_drop": SCHEDULER_FAULTS,
     "unified_extend_virtual_loc": KERNEL_FAULTS,
@@ -376,6 +399,7 @@ MATRIX_OF = {
     "host_demotes_as_oldest": DEMOTE_FAULTS,
     "draft_chain_default_steps": CHAIN_FAULTS,
     "evict_counts_leaves": LEAF_FAULTS,
+    "full_hit_last_token_only": BOUNDARY_FAULTS,
 }
 
 

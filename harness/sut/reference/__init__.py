@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from harness.sut.base import CellEngine, Engine
 from harness.sut.levels import EngineLevels, LevelError
 from reference_impl import registry
+
+if TYPE_CHECKING:
+    from fixtures.workloads.boundary import Seams
 
 
 def _check(factor: str, level: object) -> None:
@@ -66,6 +70,17 @@ def serving_made_model(levels: Mapping[str, object],
     return ("reference", {**LEVELS.golden, "model": model, **MADE_MODEL_GOLDEN.get(name, {})}) if model else None
 
 
+def _seams(levels: Mapping[str, object], engine_args: Mapping[str, object]) -> Seams:
+    """A reference cell's seams: its page size and prefill budget, its proposer's draft tokens, its model's vocabulary;
+    the reference's models (RoPE, no learned positions) take any length, so the family's cap alone bounds a draw."""
+    from fixtures.workloads.boundary import Seams
+
+    full = LEVELS.full(levels)
+    k = int(full["num_draft_tokens"]) if full["spec"] != "none" else 0
+    vocab = registry.resolve("model", full["model"]).vocab_size
+    return Seams(page=int(full["page_size"]), budget=int(full["prefill_budget"]), k=k, context=None, vocab=vocab)
+
+
 def _open(levels: Mapping[str, object], faults: frozenset[str], device: str,
           engine_args: Mapping[str, object]) -> CellEngine:
     from harness.sut.reference.engine import ReferenceEngine
@@ -73,4 +88,4 @@ def _open(levels: Mapping[str, object], faults: frozenset[str], device: str,
     return ReferenceEngine(levels, faults, device)
 
 
-ENGINE = Engine(levels=LEVELS, open=_open, in_process=True)
+ENGINE = Engine(levels=LEVELS, open=_open, in_process=True, seams=_seams)

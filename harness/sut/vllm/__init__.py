@@ -9,11 +9,15 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from harness.sut.base import CellEngine, Engine
 from harness.sut.host import cpu_flags
 from harness.sut.levels import EngineLevels, describe_served, Refusal, TableError, check_served_level
 from harness.sut.reference import serving_made_model
+
+if TYPE_CHECKING:
+    from fixtures.workloads.boundary import Seams
 
 PYTHON_ENV = "KVMATRIX_VLLM_PYTHON"
 DEFAULT_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
@@ -107,6 +111,19 @@ def _open(levels: Mapping[str, object], faults: frozenset[str], device: str,
     return VllmEngine(levels, faults, device, engine_args)
 
 
+def _seams(levels: Mapping[str, object], engine_args: Mapping[str, object]) -> Seams:
+    """A vLLM cell's seams: ``block_size`` and ``max_num_batched_tokens`` as its levels set them (a block size vLLM
+    raised is read back by the cell's first run), its proposer's draft tokens, ``max_model_len`` (the checkpoints'
+    ``max_position_embeddings``; a tight cell's follows the workload's blocks, ``arguments.tight_blocks``)."""
+    from fixtures.workloads.boundary import Seams
+    from harness.sut.checkpoints import MAX_POSITIONS, vocab_size
+
+    k = int(levels["num_draft_tokens"]) if levels["spec"] != "none" else 0
+    context = None if levels["kv_capacity"] == "tight" else int(engine_args.get("max_model_len", MAX_POSITIONS))
+    return Seams(page=int(levels["page_size"]), budget=int(levels["prefill_budget"]), k=k, context=context,
+                 vocab=vocab_size(str(levels["model"])))
+
+
 def _launch_problem(engine_args: Mapping[str, object]) -> str | None:
     python = vllm_python()
     return None if python.exists() else f"no vLLM interpreter at {python} (make vllm-env, or set {PYTHON_ENV})"
@@ -145,4 +162,4 @@ def _build(engine_args: Mapping[str, object]) -> dict[str, str]:
 
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("engine_args",), parse_tables=_parse_tables,
                 launch_problem=_launch_problem, cross_golden=serving_made_model, version=_version,
-                build=_build)
+                build=_build, seams=_seams)
