@@ -13,6 +13,7 @@ from harness.results.header import REPRO_STATUSES, repro_command, reproduce_comm
 from harness.results.hosts import runs_changes
 from harness.results.rows import as_float, dumps, error_line
 from reports import evidence
+from reports.boundary import boundary_cells
 from reports.grid import grid
 
 STATUS_ORDER = {"error": 0, "fail": 1, "xpass": 2, "xfail": 3, "pass": 4, "skip": 5}
@@ -194,4 +195,5 @@ def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Ma
         "shown_findings": SHOWN_FINDINGS, "open_table_limit": OPEN_TABLE_LIMIT, "grid": grid(rows), "groups": groups(rows, runs, ids, table, report_dir), "ids": ids, "rows_ids": table,
         "probes": probes, "probes_run": sum(not (p.get("probe") or {}).get("reused") for p in probes), "factors": factors, "levels": levels, "oracles": oracles,
         "cells": cell_rows(rows, factors, levels, oracles, ids, table), "declared": declared(rows),
+        "boundary": boundary_cells(rows, table),
     }
