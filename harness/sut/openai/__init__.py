@@ -9,10 +9,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from harness.sut.base import CellEngine, Engine
 from harness.sut.levels import EngineLevels, describe_served, LevelError, check_served_level
 from harness.sut.reference import serving_made_model
+
+if TYPE_CHECKING:
+    from fixtures.workloads.boundary import Seams
 
 CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "cache": ("off", "device", "host"),
@@ -91,6 +95,13 @@ def _build(server: Mapping[str, object]) -> dict[str, str]:
     return build(server)
 
 
+def _seams(levels: Mapping[str, object], server: Mapping[str, object]) -> Seams:
+    """A server cell's seams as its launch asks for them (``seams``)."""
+    from harness.sut.openai.seams import seams
+
+    return seams(server, levels)
+
+
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("server",), parse_tables=_parse_tables,
                 launch_problem=_launch_problem, cross_golden=_cross_golden, build=_build,
-                program=lambda server: str(server.get("api", "openai")), needs_cpu=_needs_cpu)
+                program=lambda server: str(server.get("api", "openai")), needs_cpu=_needs_cpu, seams=_seams)
