@@ -8,6 +8,10 @@ prefix tree: tokens that the same set of prompts shares (a shared system prompt 
 tail another), so a run is dropped or halved in every prompt that holds it at once and a shared prefix stays shared;
 where the check needs it whole, the candidate that cut it passes and is thrown away. The four steps repeat until
 none shrinks (or the budget is spent).
+
+This shrinks the fixed workloads, whose structure (a spill's flushes, a template's heads) no strategy regenerates. A
+boundary draw is never shrunk here: Hypothesis shrank it on the engine as the cell ran (``harness.run.boundary``),
+and ``harness repro`` takes it as the row recorded it.
 """
 from __future__ import annotations
 
