@@ -53,6 +53,7 @@ def metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, g
         "evicted_blocks": _stat(runs, "evicted_blocks"),
         **_spec_metrics(runs),
         **_pd_metrics(runs),
+        **_inside_metrics(own_runs),
         "golden_reused": len(own_runs) < len(runs),
         **_server_logs(own_runs),
         **_applied(runs),
@@ -87,6 +88,20 @@ def _pd_metrics(runs: list[WorkloadRun]) -> dict[str, object]:
         return {"pd": summed}
     scratch = {side: max(c["verify_scratch_bytes"][side] for c in counters) for side in ("prefill", "decode")}
     return {"pd": {**summed, "verify_scratch_bytes": scratch}}
+
+
+def _inside_metrics(runs: list[WorkloadRun]) -> dict[str, object]:
+    """A real engine audited or poisoned from inside (vLLM's child): the steps audited and the problems found, per
+    workload and pass, and the blocks poisoned (absent where neither is on)."""
+    passes = [p.counters for r in runs for p in r.passes.values()]
+    out: dict[str, object] = {}
+    if any("audited_steps" in c for c in passes):
+        out["pool_audit"] = {"steps": sum(c.get("audited_steps", 0) for c in passes),
+                             "problems": {r.workload.name: {name: p.counters.get("audit_problems", 0)
+                                                            for name, p in r.passes.items()} for r in runs}}
+    if any("poisoned_issued" in c for c in passes):
+        out["poisoned_blocks"] = {what: sum(c.get(f"poisoned_{what}", 0) for c in passes) for what in ("issued", "freed")}
+    return out
 
 
 def _stat(runs: list[WorkloadRun], name: str) -> int | None:

@@ -33,6 +33,8 @@ CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "deterministic": ("off", "on"),
     "kv_capacity": ("roomy", "tight"),
     "eagle_block_drop": ("on", "off"),
+    "poison": ("off", "on"),
+    "audit": ("on", "off"),
 })
 COUNTS = ("page_size", "prefill_budget", "max_num_seqs", "num_draft_tokens")
 
@@ -54,7 +56,7 @@ LEVELS = EngineLevels(
         "model": "dense", "cache": "off", "page_size": 32, "prefill_budget": 2048, "max_num_seqs": 8,
         "spec": "none", "num_draft_tokens": 3, "scheduler": "fcfs", "async_scheduling": "off",
         "kv_cache_dtype": "auto", "dtype": "float32", "deterministic": "off", "pd": "off", "kv_capacity": "roomy",
-        "eagle_block_drop": "on",
+        "eagle_block_drop": "on", "poison": "off", "audit": "on",
     }),
     kept_from_cell=frozenset({"model", "num_draft_tokens"}),
     factors=tuple(sorted([*CHOICES, *COUNTS, "model"])),

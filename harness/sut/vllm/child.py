@@ -4,14 +4,18 @@ Run it with vLLM's interpreter (``.venv-vllm/bin/python -I harness/sut/vllm/chil
 only the standard library, vllm and torch, never our packages, since those live in another venv.
 One JSON object per line on stdin, one answer per line on stdout, logs on stderr:
 
-    {"op": "start", "engine_args": {...}}          -> {"ok": true, "seconds": s, "applied": {...}}: what vLLM
-                                                      applied of the arguments (``applied_config``), read back
+    {"op": "start", "engine_args": {...}, "poison": bool, "audit": bool}
+                                                   -> {"ok": true, "seconds": s, "applied": {...}, "poisoned"?: {...}}:
+                                                      what vLLM applied of the arguments (``applied_config``), read
+                                                      back; ``poison``: its KV cache NaN-poisoned (``poison.py``),
+                                                      ``audit``: its block pool audited after every step (``audit.py``)
     {"op": "serve", "requests": [{"rid", "prompt", "max_new_tokens", "priority", "kv_transfer_params"?}],
      "top_logprobs": 2}
         -> {"ok": true, "seconds": s, "outputs": [{"rid", "tokens", "logprobs", "top_ids", "top_logprobs",
             "num_cached_tokens", "finish_reason", "kv_transfer_params"}], "spec": {"drafts", "draft_tokens",
             "accepted_tokens", "accepted_per_pos"}, "connector": {name: count over this serve},
-            "scheduler": {"preemptions", "evicted_blocks"}}
+            "scheduler": {"preemptions", "evicted_blocks"}, "audit"?: {"steps", "count", "problems"},
+            "poison"?: {"issued", "freed"}}: the audit's and the poison's since the last serve (a reset's steps too)
     {"op": "reset", "reset_connector": bool, "settle_s": s}
                                                    -> {"ok": true, "reset": bool, "steps": n}: an empty prefix cache
                                                       (and, asked, the KV connector's), so the next pass starts
@@ -34,6 +38,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any, TextIO
 
 #: engine arguments the protocol depends on: token-id prompts (no tokenizer), one in-process worker,
@@ -87,6 +92,8 @@ class Child:
         self.llm: Any = None
         self.failed = ""
         self.evicted: list[int] | None = None  # cached blocks evicted so far (None: the engine core is elsewhere)
+        self.poison: Any = None  # poison.KvPoison, with "poison": true
+        self.audit: Any = None  # audit.PoolAudit, with "audit": true
 
     def start(self, msg: dict) -> dict:
         if self.llm is not None:
@@ -103,7 +110,13 @@ class Child:
 
         self.llm = LLM(**{**DEFAULT_ARGS, **engine_args, **FORCED_ARGS})
         self.evicted = count_evictions(self.llm)
-        return {"seconds": time.perf_counter() - began, "applied": applied_config(self.llm)}
+        answer = {"seconds": time.perf_counter() - began, "applied": applied_config(self.llm)}
+        if msg.get("poison"):
+            self.poison = sibling("poison").KvPoison(self.llm)
+            answer["poisoned"] = self.poison.describe()
+        if msg.get("audit"):
+            self.audit = sibling("audit").PoolAudit.of(self.llm)
+        return answer
 
     def reset(self, msg: dict) -> dict:
         if self.llm is None:
@@ -165,15 +178,31 @@ class Child:
         after = connector_counters(metrics)
         outputs = [request_output(req["rid"], res, top) for req, res in zip(requests, results)]
         now = self.scheduler_counters(metrics)
-        return {"seconds": seconds, "outputs": outputs, "spec": counter_delta(before, spec_counters(metrics)),
-                "connector": {key: after[key] - moved[key] for key in after},
-                "scheduler": {key: now[key] - scheduled[key] for key in now}}
+        answer = {"seconds": seconds, "outputs": outputs, "spec": counter_delta(before, spec_counters(metrics)),
+                  "connector": {key: after[key] - moved[key] for key in after},
+                  "scheduler": {key: now[key] - scheduled[key] for key in now}}
+        if self.audit is not None:
+            answer["audit"] = self.audit.take()
+        if self.poison is not None:
+            answer["poison"] = self.poison.take()
+        return answer
 
     def scheduler_counters(self, metrics: list) -> dict:
         """Requests preempted so far (vLLM's ``vllm:num_preemptions``) and cached blocks evicted (absent where the
         engine core runs in another process and cannot be counted)."""
         preempted = sum(int(m.value) for m in metrics if m.name == "vllm:num_preemptions")
         return {"preemptions": preempted, **({} if self.evicted is None else {"evicted_blocks": self.evicted[0]})}
+
+
+def sibling(name: str) -> Any:
+    """This folder's module ``name`` (``poison``, ``audit``: they run in the child), loaded by its path: ``-I`` keeps
+    this folder off ``sys.path``, and the harness's package is not importable from vLLM's interpreter."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"kvmatrix_child_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def applied_config(llm: Any) -> dict:

@@ -27,7 +27,8 @@ from harness.sut.vllm.connectors import ExampleConnectorTier, nixl_backoff
 from harness.sut.vllm.cache_rules import EagleDropsLastBlock, EvictedUnderPressure
 from harness.sut.vllm.pd import PdPair, PdSystem
 from harness.sut.vllm.protocol import (
-    SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, add_counters, field, request_output, serve_message,
+    INSIDE_COUNTERS, SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, add_counters, audit_problems, field,
+    request_output, serve_message, start_message,
 )
 from reference_impl.request import RequestSpec
 
@@ -62,7 +63,7 @@ def vllm_traits(levels: Mapping[str, object], arguments: Mapping[str, object] | 
         cache=CacheTraits(enabled=cache != "off", page_size=page_size, chunk_size=page_size, state_interval=page_size,
                           tiers=("storage",) if cache == "storage" else (),
                           rule=cache_rule(levels)),
-        audited=False, pd=levels["pd"] != "off", pressed=levels["kv_capacity"] == "tight",
+        audited=levels["audit"] == "on", pd=levels["pd"] != "off", pressed=levels["kv_capacity"] == "tight",
     )
 
 
@@ -130,7 +131,7 @@ class VllmEngine:
             arguments.pop("kv_transfer_config", None)
         child = self.children[alone] = ChildProcess(self.env)
         self.blocks[alone] = blocks
-        answer = child.ask({"op": "start", "engine_args": arguments})
+        answer = child.ask(start_message(arguments, self.levels))
         if not alone:  # the cell's own engine: judged by what it applied (the one-at-a-time child runs 1 on purpose)
             self.traits = applied_traits(self.traits, read_back(arguments, field(answer, "applied", dict)), self.levels)
         return child, float(field(answer, "seconds", (int, float)))
@@ -150,7 +151,7 @@ class VllmEngine:
             self.pair = None
             self.empty_tier()
         arguments = engine_arguments(self.levels, self.engine_args, self.tier, blocks)
-        self.pair = PdPair(str(self.levels["pd"]), arguments, self.env, nixl_backoff(self.traits.hybrid))
+        self.pair = PdPair(str(self.levels["pd"]), arguments, self.env, nixl_backoff(self.traits.hybrid), self.levels)
         self.pair_blocks = blocks
         return self.pair, self.pair.start_seconds, True
 
@@ -215,20 +216,21 @@ class VllmSystem:
         if self.tiered and self.passes:
             self.child.ask({"op": "reset", "reset_connector": False})
         self.passes += 1
-        outputs, counters = [], dict.fromkeys(SPEC_COUNTERS, 0)
+        outputs, counters, problems = [], dict.fromkeys(SPEC_COUNTERS, 0), []
         for group in rounds:
             answer = self.child.ask(serve_message(group))
             outputs += [request_output(out) for out in field(answer, "outputs", list)]
             self.seconds["requests"] += float(field(answer, "seconds", (int, float)))
             add_counters(counters, answer, "tier_" if self.tiered else None)
-        for name in SCHEDULER_COUNTERS:
+            problems += audit_problems(answer)
+        for name in (*SCHEDULER_COUNTERS, *INSIDE_COUNTERS):
             if name in counters:
                 self.counted[name] = self.counted.get(name, 0) + counters[name]
-        return PassResult(outputs=outputs, counters=counters)
+        return PassResult(outputs=outputs, counters=counters, audit=problems)
 
     def totals(self) -> Totals:
-        return Totals(stats={name: self.counted[name] for name in SCHEDULER_COUNTERS if name in self.counted},
-                      seconds=dict(self.seconds))
+        return Totals(stats={name: self.counted[name] for name in (*SCHEDULER_COUNTERS, *INSIDE_COUNTERS)
+                             if name in self.counted}, seconds=dict(self.seconds))
 
     def close(self) -> None:
         pass

@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from harness.sut.base import PassResult, Totals, Traits
 from harness.sut.vllm.connectors import NIXL_ENV, PD_ROLES, PREFILL_PARAMS, PREFILL_TOKENS, SIDE_CHANNEL_PORT_ENV, pd_config
 from harness.sut.vllm.protocol import (
-    SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, EngineChildError, add_counters, field, request_output, serve_message,
+    INSIDE_COUNTERS, SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, EngineChildError, add_counters, audit_problems,
+    field, request_output, serve_message, start_message,
 )
 from reference_impl.request import RequestOutput, RequestSpec
 
@@ -48,9 +49,11 @@ class PdPair:
     """A ``kv_producer`` (prefill) and a ``kv_consumer`` (decode) child, each a process group of its own, started side
     by side with the cell's arguments (a proposer on both: the decode side's KV layout, draft layers included, must be
     the prefill side's; a tier, the arguments' ``kv_transfer_config``, on the prefill side); ``backoff`` is the prompt
-    tokens the decode side computes itself (``nixl_backoff``)."""
+    tokens the decode side computes itself (``nixl_backoff``); ``levels`` the cell's, for its poison and audit (both
+    sides: the decode side's blocks are poisoned before NIXL writes them)."""
 
-    def __init__(self, level: str, arguments: Mapping[str, object], env: Mapping[str, str], backoff: int) -> None:
+    def __init__(self, level: str, arguments: Mapping[str, object], env: Mapping[str, str], backoff: int,
+                 levels: Mapping[str, object] | None = None) -> None:
         self.level, self.backoff = level, backoff
         self.tiered = "kv_transfer_config" in arguments
         tier = arguments.get("kv_transfer_config")
@@ -63,7 +66,7 @@ class PdPair:
                 child = ChildProcess({**env, **NIXL_ENV, SIDE_CHANNEL_PORT_ENV: str(free_port())}, name=f"{side} engine")
                 self.sides[side] = child
                 config = pd_config(level, role, tier)
-                child.send({"op": "start", "engine_args": {**arguments, "kv_transfer_config": config}})
+                child.send(start_message({**arguments, "kv_transfer_config": config}, levels or {}))
             for child in self.sides.values():
                 child.receive("start")
             self.layout = self.decode.ask({"op": "layout"})
@@ -131,6 +134,7 @@ class PdSystem:
         outputs: list[RequestOutput] = []
         sides: dict[str, dict[str, int]] = {"prefill": {}, "decode": {}}
         hits: dict[str, int] = {}
+        problems: list[str] = []
         for group in rounds:
             prefilled = self.pair.prefill.ask(serve_message(group, max_new_tokens=PREFILL_TOKENS,
                                                             handoff=[dict(PREFILL_PARAMS) for _ in group]))
@@ -142,15 +146,16 @@ class PdSystem:
             self.seconds["requests"] += float(field(decoded, "seconds", (int, float)))
             add_counters(sides["prefill"], prefilled, "")
             add_counters(sides["decode"], decoded, "")
+            problems += audit_problems(prefilled, "prefill: ") + audit_problems(decoded, "decode: ")
         # the proposer runs on both sides, but only the decode side decodes: its counters are the pass's; either side
         # may preempt (and evict) under KV pressure
         counters = {name: sides["decode"].pop(name) for name in SPEC_COUNTERS}
         for name in SPEC_COUNTERS:
             sides["prefill"].pop(name)
-        for name in SCHEDULER_COUNTERS:
+        for name in (*SCHEDULER_COUNTERS, *INSIDE_COUNTERS):
             if name in sides["prefill"] or name in sides["decode"]:
                 counters[name] = sides["prefill"].pop(name, 0) + sides["decode"].pop(name, 0)
-        return PassResult(outputs=outputs, counters=counters, pd=self._ledger(sides, hits, decode_cold))
+        return PassResult(outputs=outputs, counters=counters, audit=problems, pd=self._ledger(sides, hits, decode_cold))
 
     def _ledger(self, sides: Mapping[str, Mapping[str, int]], hits: Mapping[str, int], decode_cold: bool) -> dict:
         """The pass's ledger: each side's connector counters, the prefill side's hit per request, and what they are

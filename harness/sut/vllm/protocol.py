@@ -113,6 +113,24 @@ class ChildProcess:
 SPEC_COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
 #: what the scheduler did under KV pressure in a serve: requests preempted, cached blocks evicted.
 SCHEDULER_COUNTERS = ("preemptions", "evicted_blocks")
+#: what the child's pool audit and NaN poison counted in a serve (``audit.py``, ``poison.py``), where they are on:
+#: steps audited, problems found, blocks poisoned as the pool handed them out and as requests freed them for good.
+INSIDE_COUNTERS = {"audited_steps": ("audit", "steps"), "audit_problems": ("audit", "count"),
+                   "poisoned_issued": ("poison", "issued"), "poisoned_freed": ("poison", "freed")}
+
+
+def start_message(arguments: Mapping[str, object], levels: Mapping[str, object]) -> dict:
+    """The start request of a cell's child: vLLM's arguments, and the cell's ``poison`` and ``audit`` levels."""
+    return {"op": "start", "engine_args": dict(arguments), "poison": levels.get("poison") == "on",
+            "audit": levels.get("audit") == "on"}
+
+
+def audit_problems(answer: Mapping, side: str = "") -> list[str]:
+    """The pool audit's problems a serve answer carries (none where the audit is off), each after ``side``."""
+    audit = answer.get("audit")
+    if audit is None:
+        return []
+    return [side + str(problem) for problem in field(audit, "problems", list)]
 
 
 def serve_message(group: Sequence[RequestSpec], *, max_new_tokens: int | None = None,
@@ -130,14 +148,18 @@ def serve_message(group: Sequence[RequestSpec], *, max_new_tokens: int | None = 
 
 
 def add_counters(counters: dict[str, int], answer: Mapping, connector: str | None = None) -> None:
-    """Add a serve answer's speculative and scheduler counters (preemptions, evicted blocks) to ``counters``, and,
-    named ``connector`` + name, what its KV connector moved (a tier's cell: what it loaded)."""
+    """Add a serve answer's speculative and scheduler counters (preemptions, evicted blocks) and its audit's and
+    poison's (``INSIDE_COUNTERS``) to ``counters``, and, named ``connector`` + name, what its KV connector moved (a
+    tier's cell: what it loaded)."""
     spec, scheduler = field(answer, "spec", dict), field(answer, "scheduler", dict)
     for name in SPEC_COUNTERS:
         counters[name] = counters.get(name, 0) + int(field(spec, name, int))
     for name in SCHEDULER_COUNTERS:
         if name in scheduler:  # evictions are countable only where the engine core runs in the child
             counters[name] = counters.get(name, 0) + int(field(scheduler, name, int))
+    for name, (part, key) in INSIDE_COUNTERS.items():
+        if answer.get(part) is not None:
+            counters[name] = counters.get(name, 0) + int(field(field(answer, part, dict), key, int))
     if connector is not None:
         for name, value in field(answer, "connector", dict).items():
             counters[connector + name] = counters.get(connector + name, 0) + int(value)

@@ -229,7 +229,7 @@ def test_a_tight_pair_sizes_both_engines_from_the_workload_and_is_replaced_for_a
     class Pair:
         start_seconds = 1.0
 
-        def __init__(self, level: str, arguments: dict, env: dict, backoff: int) -> None:
+        def __init__(self, level: str, arguments: dict, env: dict, backoff: int, levels: dict) -> None:
             started.append(arguments)
             self.closed = False
 
