@@ -17,6 +17,7 @@ import pytest
 
 from harness.matrix.file import load_matrix
 from harness.oracles import applied as applied_oracle
+from harness.sut.host import flags_of
 from harness.sut.openai import LEVELS
 from harness.sut.openai.engine import server_traits
 from harness.sut.openai.launch import Launch
@@ -24,6 +25,7 @@ from harness.sut.openai.sglang import RADIX, asked, judged_traits, read_back
 from harness.sut.openai.wire import ServerError
 
 DATA = Path(__file__).resolve().parents[3] / "data" / "servers" / "sglang"
+HOSTS = Path(__file__).resolve().parents[3] / "data" / "hosts"
 CPU = load_matrix("sglang_cpu").engine_args
 
 
@@ -32,9 +34,10 @@ def recorded(name: str) -> dict:
 
 
 def cell(**levels: object) -> tuple[dict, list[str]]:
-    """A sglang_cpu cell's full levels and its launch's argv, as the matrix renders them."""
-    full = LEVELS.full({"model": "dense", "cache": "device", "page_size": 16, "prefill_budget": 4096, "spec": "none",
-                        "num_draft_tokens": 3, **levels})
+    """A sglang_cpu cell's full levels and its launch's argv, as the matrix renders them; torch_native in fp32, as the
+    responses were captured (on the EPYC, before the matrix moved to bf16 for a CPU with AMX)."""
+    full = LEVELS.full({"model": "dense", "attention_backend": "torch_native", "dtype": "float32", "cache": "device",
+                        "page_size": 16, "prefill_budget": 4096, "spec": "none", "num_draft_tokens": 3, **levels})
     return full, Launch(CPU, full, 30001).argv
 
 
@@ -75,10 +78,9 @@ def test_the_radix_cache_off_is_judged_off() -> None:
     assert not traits.cache.enabled and traits.cache.page_size == 1
 
 
-#: the kernel flags of the two hosts SGLang ran on here (their runs' headers): an AMD EPYC without AMX, where the
-#: fallback was captured, and an Intel Xeon with it
-EPYC = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vnni"})
-XEON_AMX = EPYC | {"avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}
+#: the CPU flags of the two hosts SGLang ran on here (tests/data/hosts): an AMD EPYC without AMX, where the fallback
+#: was captured, and an Intel Xeon with it
+EPYC, XEON_AMX = (flags_of((HOSTS / f"cpuinfo_{name}.txt").read_text()) for name in ("epyc", "xeon_amx"))
 
 
 def test_a_documented_fallback_is_shown_with_its_rule_and_judged_as_applied() -> None:
