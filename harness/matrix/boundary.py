@@ -12,33 +12,15 @@ when = { backend = "torch" }   # optional: only the cells at these levels draw
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.matrix.known import matches
-from harness.matrix.model import matrix_error
+from harness.matrix.model import BoundarySettings, matrix_error
 from harness.matrix.tables import check_keys, parse_level_table, typed
 from harness.sut.levels import EngineLevels
 
 _KEYS = ("draws", "shrink_runs", "shapes", "max_tokens", "when")
 #: bounds of each count: (least, most)
 _BOUNDS = {"draws": (1, 1000), "shrink_runs": (0, 10_000), "shapes": (1, 16), "max_tokens": (8, 1_000_000)}
-
-
-@dataclass(frozen=True, slots=True)
-class BoundarySettings:
-    """How the boundary family runs in a matrix's cells: draws per cell, the shrink's run budget, shapes per draw, the
-    longest sequence, and the levels of the cells that draw (empty: every cell)."""
-
-    draws: int = 3
-    shrink_runs: int = 40
-    shapes: int = 4
-    max_tokens: int = 256
-    when: dict[str, tuple[object, ...]] = field(default_factory=dict)  # plain: a plan carrying it is pickled
-
-    def applies(self, row: Mapping[str, object]) -> bool:
-        """Whether a cell with these levels draws."""
-        return not self.when or matches(self.when, row)
 
 
 def parse_boundary(path: Path, table: Mapping[str, object], factors: dict[str, tuple[object, ...]],

@@ -16,14 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from harness.matrix import covering
 from harness.matrix.known import Expected, Tolerance, matches
 from harness.sut.host import cpu_flags
-
-if TYPE_CHECKING:
-    from harness.matrix.boundary import BoundarySettings
 
 MODES = ("full", "t-wise", "ofat", "cells")
 _ABSENT = object()
@@ -94,6 +90,22 @@ class Cell:
     def as_dict(self) -> dict[str, object]:
         """Factor → level, in file order."""
         return dict(self.factors)
+
+
+@dataclass(frozen=True, slots=True)
+class BoundarySettings:
+    """How the boundary family runs in a matrix's cells: draws per cell, the shrink's run budget, shapes per draw, the
+    longest sequence, and the levels of the cells that draw (empty: every cell)."""
+
+    draws: int = 3
+    shrink_runs: int = 40
+    shapes: int = 4
+    max_tokens: int = 256
+    when: dict[str, tuple[object, ...]] = dataclasses.field(default_factory=dict)  # plain: a plan carrying it is pickled
+
+    def applies(self, row: Mapping[str, object]) -> bool:
+        """Whether a cell with these levels draws."""
+        return not self.when or matches(self.when, row)
 
 
 @dataclass(frozen=True, slots=True)

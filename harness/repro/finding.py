@@ -17,10 +17,10 @@ from pathlib import Path
 from harness import sut
 from harness.matrix.model import Matrix
 from harness.repro.shrink import Shrunk
-from harness.repro.trial import Check, Outcome
 from harness.results.locate import Combination, analyze
 from harness.results.rows import error_type
 from harness.run.plan import CellPlan
+from harness.run.trial import Check, Outcome
 from reference_impl.faults import FAULTS
 
 #: the statuses a reproducer is written for.

@@ -24,11 +24,11 @@ from harness.repro.finding import ReproError, Reproducer, Toggle, located, pick_
 from harness.repro.scripts import writer_for
 from harness.repro.shrink import Shrinker, Shrunk, Size
 from harness.repro.standalone.checks import JUDGES
-from harness.repro.trial import Check, Engines, Outcome, ReferenceFailed, References, Trial
 from harness.run.boundary import recorded
 from harness.run.locate import cell_of
 from harness.run.plan import CellPlan, plan_cell
 from harness.run.session import MatrixRun
+from harness.run.trial import Check, Engines, Outcome, ReferenceFailed, References, Trial
 
 Say = Callable[[str], None]
 

@@ -1,7 +1,7 @@
 """The boundary stage: workloads of the boundary family (``fixtures/workloads/boundary.py``) drawn for one cell by
 Hypothesis and served on its live engine, beside its references; a failing draw is shrunk by Hypothesis's shrinker.
 
-The engines are the cell's own, brought up once (``harness.repro.trial.Engines``): each draw is one run of the cell
+The engines are the cell's own, brought up once (``harness.run.trial.Engines``): each draw is one run of the cell
 and of its references on that draw, judged by every oracle as a fixed workload is. A Hypothesis test drives it: at
 most ``draws`` draws (its ``max_examples``), seeded by the cell id (``--cell`` draws the same), then the shrink of
 the first that fails, while the same check fails, within ``shrink_runs`` runs. The example database
@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from fixtures.workloads import Workload
 from fixtures.workloads.boundary import Draw, Seams, draws
 from harness import sut
-from harness.matrix.boundary import BoundarySettings
+from harness.matrix.model import BoundarySettings
 from harness.oracles.view import PassView
-from harness.repro.trial import Engines, ReferenceFailed, References
 from harness.results.rows import Verdict, error_line, error_type
 from harness.run.judge import judge, pass_views
 from harness.run.plan import CellPlan
 from harness.run.serve import CellTimeout, WorkloadRun, serve_workload
+from harness.run.trial import Engines, ReferenceFailed, References
 from harness.sut.base import Traits
 
 #: bump when a draw's meaning changes: entries saved under an older key are not replayed as something else

@@ -13,7 +13,6 @@ import torch
 from fixtures.workloads import load_workload
 from harness import sut
 from harness.matrix.model import Cell, Matrix
-from harness.repro.trial import Engines
 from harness.results.rows import CellResult
 from harness.run.boundary import Explored, cell_seams, explore
 from harness.run.golden import GoldenRuns
@@ -21,6 +20,7 @@ from harness.run.judge import judge, pass_views
 from harness.run.plan import CellPlan, plan_cell
 from harness.run.row import cell_row, error_result
 from harness.run.serve import WorkloadRun, deadline, serve_workload
+from harness.run.trial import Engines
 
 OnStep = Callable[[str], None]
 

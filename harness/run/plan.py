@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from harness import sut
-from harness.matrix.boundary import BoundarySettings
-from harness.matrix.model import Cell, Matrix
+from harness.matrix.model import BoundarySettings, Cell, Matrix
 from harness.oracles.view import KnownFailure
 from harness.results.rows import CellResult
 from harness.run.golden import GoldenKey, golden_key

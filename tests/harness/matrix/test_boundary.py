@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.matrix.boundary import BoundarySettings
+from harness.matrix.model import BoundarySettings
 from harness.matrix.file import load_matrix
 from harness.matrix.model import MatrixError, generate
 from harness.run.plan import plan_cell

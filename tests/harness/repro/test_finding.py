@@ -8,9 +8,9 @@ import pytest
 
 from harness.matrix.file import load_matrix
 from harness.repro.finding import ReproError, pick_check, pick_row, toggle_candidates
-from harness.repro.trial import Check, Outcome
 from harness.results.locate import Combination
 from harness.results.rows import Verdict
+from harness.run.trial import Check, Outcome
 from reference_impl.faults import PRIORITY_SCHEDULER_DROP
 
 

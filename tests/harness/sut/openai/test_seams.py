@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from harness.matrix.boundary import BoundarySettings
+from harness.matrix.model import BoundarySettings
 from harness.matrix.file import load_matrix
 from harness.matrix.model import generate
 from harness.run.boundary import cell_seams
