@@ -124,7 +124,9 @@ llama-server: $(LLAMA_SERVER) $(SMOLLM2_STAMP)
 # dependencies. The kernels' source is not on PyPI (no sdist of sglang since 0.5.10.post1, none of sgl-kernel or
 # sglang-kernel): SGLANG_SRC names an SGLang checkout with python/sglang/kernels/aot/ (pyproject_cpu.toml there);
 # building it also needs Debian's libnuma-dev. The wheel cached, neither is needed again. 0.4.6.post1 is the version
-# of the newest tree that could be had here (2026-08-20, older than 0.5.23's; BENCHMARKS.md, "SGLang 0.5.23 on CPU").
+# of the newest trees that could be had here (forks' mains of 2026-08-17 and 08-20, older than the 0.5.23 wheel of
+# 2026-10-30: enough for torch_native, not for intel_amx, whose attention ops 0.5.23 calls with more arguments than
+# these kernels take; BENCHMARKS.md, "SGLang 0.5.23 on CPU").
 # torchvision comes in through timm as a CUDA build that cannot load its ops: kvmatrix_torchvision_schemas.py says
 # why and what it declares instead.
 SGLANG_VENV := .venv-sglang
