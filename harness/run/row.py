@@ -53,7 +53,7 @@ def metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, g
         "evicted_blocks": _stat(runs, "evicted_blocks"),
         **_spec_metrics(runs),
         **_pd_metrics(runs),
-        **_inside_metrics(own_runs),
+        **_inside_metrics(runs),
         "golden_reused": len(own_runs) < len(runs),
         **_server_logs(own_runs),
         **_applied(runs),

@@ -28,11 +28,20 @@ differ; it is reported once, at the first step it is seen, and counted.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
 #: problems an answer carries at most (the count is always whole).
 MAX_PROBLEMS = 20
+#: a vLLM request id in a problem, between unit separators until ``take`` writes it as the caller's name for it (the
+#: ids are vLLM's own, known to the caller only from the answers)
+_REQUEST = re.compile("\x1f([^\x1f]*)\x1f")
+
+
+def _request(request_id: str) -> str:
+    """``request_id`` marked for ``take``."""
+    return f"\x1f{request_id}\x1f"
 
 
 class PoolAudit:
@@ -66,10 +75,12 @@ class PoolAudit:
         audit.install()
         return audit
 
-    def take(self) -> dict:
+    def take(self, names: dict[str, str] | None = None) -> dict:
         """The steps audited and the problems found since the last call (the first ``MAX_PROBLEMS``, and their
-        count)."""
-        found = {"steps": self.steps, "count": self.count, "problems": self.problems[:MAX_PROBLEMS]}
+        count), each vLLM request id in ``names`` written as the caller's name for it."""
+        names = names or {}
+        problems = [_REQUEST.sub(lambda m: names.get(m[1], m[1]), p) for p in self.problems[:MAX_PROBLEMS]]
+        found = {"steps": self.steps, "count": self.count, "problems": problems}
         self.steps, self.count, self.problems = 0, 0, []
         self.seen.clear()  # a problem that lasts into the next pass is that pass's too
         return found
@@ -115,8 +126,9 @@ class PoolAudit:
         for group in self.manager.coordinator.single_type_managers:
             for rid, blocks in group.req_to_blocks.items():
                 if rid not in self.scheduler.requests and blocks:
-                    self.report(("table", rid), f"request {rid}: {len(blocks)} block(s) in a block table of a request "
-                                                f"the scheduler no longer knows (first: block {blocks[0].block_id})")
+                    self.report(("table", rid), f"request {_request(rid)}: {len(blocks)} block(s) in a block table "
+                                                f"of a request the scheduler no longer knows (first: block "
+                                                f"{blocks[0].block_id})")
                 for block in blocks:
                     if not block.is_null:
                         held[block.block_id] += 1
@@ -135,7 +147,7 @@ class PoolAudit:
         pool = self.pool
         for block in pool.blocks:
             if not block.is_null and block.ref_cnt != held[block.block_id]:
-                who = ", ".join(sorted(set(owners.get(block.block_id, [])))) or "nothing"
+                who = ", ".join(_request(rid) for rid in sorted(set(owners.get(block.block_id, [])))) or "nothing"
                 self.report(("ref", block.block_id, block.ref_cnt, held[block.block_id]),
                             f"block {block.block_id}: ref_cnt {block.ref_cnt}, held by {held[block.block_id]} block "
                             f"table(s) ({who})")
@@ -190,8 +202,8 @@ class PoolAudit:
                 holds = len(group.req_to_blocks.get(rid, ())) * group.block_size
                 if request.num_computed_tokens > holds:
                     self.report(("computed", rid, group.kv_cache_group_id),
-                                f"request {rid}: {request.num_computed_tokens} tokens counted computed, its blocks in "
-                                f"KV cache group {group.kv_cache_group_id} hold {holds}")
+                                f"request {_request(rid)}: {request.num_computed_tokens} tokens counted computed, its "
+                                f"blocks in KV cache group {group.kv_cache_group_id} hold {holds}")
 
     def check_skipped(self, running: list[str], output: Any) -> None:
         """Every request running before the step, neither preempted nor finished by it, was scheduled in it, unless
@@ -205,8 +217,8 @@ class PoolAudit:
             tokens, left = self.runnable(request, output)
             if tokens > 0:
                 self.report(("skipped", rid, self.scheduler.current_step),
-                            f"request {rid}: running, not preempted, not scheduled: it needs {tokens} token(s) and the "
-                            f"step left {left} of its budget")
+                            f"request {_request(rid)}: running, not preempted, not scheduled: it needs {tokens} "
+                            f"token(s) and the step left {left} of its budget")
 
     def runnable(self, request: Any, output: Any) -> tuple[int, int]:
         """The tokens vLLM's running-request rule would have given ``request`` from what the step left of its budget
@@ -260,7 +272,7 @@ class PoolAudit:
                 key, block = make_block_hash_with_group_id(hashes[j], group.kv_cache_group_id), blocks[j]
                 if block.block_hash != key and key not in extra.get(block.block_id, ()):
                     self.report(("hit", request.request_id, block.block_id),
-                                f"request {request.request_id}: {computed} tokens counted computed at admission, but "
-                                f"its block {block.block_id} (tokens {j * group.block_size} to "
+                                f"request {_request(request.request_id)}: {computed} tokens counted computed at "
+                                f"admission, but its block {block.block_id} (tokens {j * group.block_size} to "
                                 f"{(j + 1) * group.block_size}) holds {'no cached prefix' if block.block_hash is None else 'another prefix'}")
                     return

@@ -181,8 +181,8 @@ class Child:
         answer = {"seconds": seconds, "outputs": outputs, "spec": counter_delta(before, spec_counters(metrics)),
                   "connector": {key: after[key] - moved[key] for key in after},
                   "scheduler": {key: now[key] - scheduled[key] for key in now}}
-        if self.audit is not None:
-            answer["audit"] = self.audit.take()
+        if self.audit is not None:  # the audit names requests by vLLM's ids, the answer by the caller's
+            answer["audit"] = self.audit.take({res.request_id: req["rid"] for req, res in zip(requests, results)})
         if self.poison is not None:
             answer["poison"] = self.poison.take()
         return answer

@@ -110,6 +110,20 @@ def test_a_hit_that_takes_no_reference_names_the_block_and_both_counts() -> None
     assert checked(audit) == ["step 7: block 1: ref_cnt 1, held by 2 block table(s) (a, b)"]
 
 
+def test_requests_are_named_as_the_caller_names_them_and_only_where_vllms_id_stands() -> None:
+    """vLLM's ids ("0", "1", "10") are digits that also stand in block numbers and counts: only the ids are renamed."""
+    audit, pool, group = engine()
+    admit(audit, pool, group, "0", [1, 2], 6)
+    group.req_to_blocks["10"] = [pool.blocks[1], pool.blocks[3]]  # 10's hit on block 1 took no reference
+    audit.scheduler.requests["10"] = Request("10", 5, 6)
+    pool.blocks[3].ref_cnt = 1
+    pool.free_block_queue.blocks.remove(pool.blocks[3])
+    pool.free_block_queue.num_free_blocks -= 1
+    audit.check_pool()
+    assert audit.take({"0": "sys-0", "10": "sys-1"})["problems"] == [
+        "step 7: block 1: ref_cnt 1, held by 2 block table(s) (sys-0, sys-1)"]
+
+
 def test_a_freed_block_left_off_the_free_queue_and_a_leaked_table_are_named() -> None:
     audit, pool, group = engine()
     admit(audit, pool, group, "a", [1, 2], 6)

@@ -385,6 +385,10 @@ def test_the_vllm_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
     statuses = {row["cell_id"]: row["status"] for row in rows}
     assert code == 0 and len(statuses) == 6 and set(statuses.values()) <= {"pass", "xfail"}, statuses
     assert list(statuses.values()).count("xfail") == 1
+    for row in rows:  # every cell's pool audited at every step, and the poisoned half poisoned (issue 41)
+        assert row["oracles"]["pool_audit"]["verdict"] == "pass" and row["metrics"]["pool_audit"]["steps"] > 0, row
+        poisoned = row["metrics"].get("poisoned_blocks", {}).get("issued", 0)
+        assert (poisoned > 0) == (row["factors"]["poison"] == "on"), row["cell_id"]
     # the self-draft (the target drafting for itself) without prefix caching: every draft token accepted, k + 1
     (own,) = [row for row in rows if row["factors"]["spec"] == "self" and row["factors"]["cache"] == "off"]
     k = VLLM.full(own["factors"])["num_draft_tokens"]
