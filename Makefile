@@ -28,7 +28,7 @@ matrix: $(STAMP)
 # the whole suite, every test but SGLang's (`make quick` leaves out the whole-matrix runs and the real engines;
 # `make test-sglang` runs SGLang's, whose venv CI does not build)
 # --dist loadgroup: the vLLM tests share one worker (a vLLM child's OpenMP threads spin on every core: two would
-# starve each other)
+# starve each other), the llama.cpp tests another (each llama-server on one thread: conftest.py)
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not sglang"
 

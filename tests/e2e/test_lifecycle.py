@@ -121,9 +121,9 @@ def vllm_child(tmp_path: Path) -> Server:
     return Server(str(vllm_protocol.CHILD), VLLM_MATRIX)
 
 
-#: llama-server under make test's --dist loadgroup: one real engine at a time (as tests/test_real_servers.py)
+#: llama-server under make test's --dist loadgroup: one llama-server at a time (as tests/e2e/test_real_servers.py)
 SERVERS = {"fake": (fake_server, ()), "fake-pd": (fake_pd_pair, ()),
-           "llamacpp": (llama_server, (pytest.mark.llamacpp, pytest.mark.xdist_group("vllm")))}
+           "llamacpp": (llama_server, (pytest.mark.llamacpp, pytest.mark.xdist_group("llamacpp")))}
 
 
 def marked(mark: str) -> list[tuple[int, int, int, str]]:

@@ -18,7 +18,6 @@ from harness.sut.openai import launch
 from harness.results.rows import error_type
 from tests.binaries import required_path
 
-pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one real engine at a time
 #: what each server's processes have on their command line.
 SERVER_COMMANDS = ("vllm.entrypoints.openai.api_server", "llama-server")
 
@@ -95,6 +94,7 @@ def declared_here(matrix: str, rows: dict[str, dict]) -> dict[str, list[int]]:
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one vLLM at a time
 def test_the_vllm_server_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
     needs_vllm()
     rows = smoke_rows(tmp_path, "vllm_server_smoke")
@@ -111,6 +111,7 @@ def test_the_vllm_server_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
 
 @pytest.mark.llamacpp
 @pytest.mark.slow
+@pytest.mark.xdist_group("llamacpp")  # one llama-server at a time
 def test_the_llamacpp_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
     needs_llama_server()
     rows = smoke_rows(tmp_path, "llamacpp_smoke")

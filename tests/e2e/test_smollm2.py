@@ -22,7 +22,6 @@ from harness.sut.openai import launch
 from harness.sut.host import cpu_flags
 from tests.e2e.test_real_servers import declared_here, needs_llama_server, needs_vllm, smoke_rows
 
-pytestmark = pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one real engine at a time
 
 
 def needs_wheel() -> None:
@@ -40,6 +39,7 @@ def _post(port: int, path: str, body: dict) -> dict:
 
 
 @pytest.mark.llamacpp
+@pytest.mark.xdist_group("llamacpp")  # make test's --dist loadgroup: one llama-server at a time
 def test_the_tokenizer_read_from_the_gguf_is_llama_cpps() -> None:
     """Every text the workloads are made of, each chat-templated prompt whole, tokenizes to llama-server's ids
     (``/tokenize`` with special tokens parsed, no BOS: what llama.cpp does with the same GGUF)."""
@@ -84,6 +84,7 @@ def _draft_accepts_between(rows: dict[str, dict], engine: str) -> None:
 
 @pytest.mark.llamacpp
 @pytest.mark.slow
+@pytest.mark.xdist_group("llamacpp")
 def test_the_smollm2_llamacpp_smoke_runs_to_verdicts(tmp_path) -> None:
     needs_wheel()
     needs_llama_server()
@@ -101,6 +102,7 @@ def test_the_smollm2_llamacpp_smoke_runs_to_verdicts(tmp_path) -> None:
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.xdist_group("vllm")  # one vLLM at a time
 def test_the_smollm2_vllm_smoke_runs_to_verdicts(tmp_path) -> None:
     needs_wheel()
     needs_vllm()

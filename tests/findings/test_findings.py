@@ -55,7 +55,7 @@ def test_the_vllm_finding_still_shows(script: Path) -> None:
 
 
 @pytest.mark.llamacpp
-@pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one real engine at a time
+@pytest.mark.xdist_group("llamacpp")  # make test's --dist loadgroup: one llama-server at a time
 @pytest.mark.parametrize("script", LLAMACPP_SCRIPTS, ids=lambda path: path.parent.name)
 def test_the_llamacpp_finding_still_shows(script: Path) -> None:
     binary = required_path(llama_server_path(), "llama-server")

@@ -164,7 +164,7 @@ def reference_outputs(specs: list[RequestSpec]) -> dict[str, RequestOutput]:
 
 
 @pytest.mark.llamacpp
-@pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one real engine at a time
+@pytest.mark.xdist_group("llamacpp")  # make test's --dist loadgroup: one llama-server at a time
 def test_llama_servers_greedy_tokens_on_the_dense_gguf_equal_the_reference_engines(tmp_path: Path) -> None:
     """F32 weights and KV, no flash attention, one slot: the same tokens, raw logprobs within float rounding."""
     specs = agreement_specs()
@@ -184,7 +184,7 @@ def test_llama_servers_greedy_tokens_on_the_dense_gguf_equal_the_reference_engin
 
 
 @pytest.mark.llamacpp
-@pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one real engine at a time
+@pytest.mark.xdist_group("llamacpp")  # make test's --dist loadgroup: one llama-server at a time
 def test_the_draft_gguf_drafts_for_llama_server_without_changing_its_tokens(tmp_path: Path) -> None:
     """spec = draft on llama.cpp: the one-layer draft's proposals are sometimes accepted; the tokens stay the target's.
 
