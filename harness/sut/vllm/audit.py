@@ -44,6 +44,12 @@ def _request(request_id: str) -> str:
     return f"\x1f{request_id}\x1f"
 
 
+def _named(request_id: str, names: dict[str, str]) -> str:
+    """The caller's name for a scheduler's request id: vLLM's is the id its answers carry, a '-' and 8 random
+    characters after it (``InputProcessor.assign_request_id``)."""
+    return names.get(request_id) or names.get(request_id.rsplit("-", 1)[0]) or request_id
+
+
 class PoolAudit:
     """A scheduler's block pool audited after every step (the module's rules); ``take`` returns what was found since
     its last call. ``running`` is vLLM's ``RequestStatus.RUNNING``, ``attention`` the KV cache groups whose block
@@ -79,7 +85,7 @@ class PoolAudit:
         """The steps audited and the problems found since the last call (the first ``MAX_PROBLEMS``, and their
         count), each vLLM request id in ``names`` written as the caller's name for it."""
         names = names or {}
-        problems = [_REQUEST.sub(lambda m: names.get(m[1], m[1]), p) for p in self.problems[:MAX_PROBLEMS]]
+        problems = [_REQUEST.sub(lambda m: _named(m[1], names), p) for p in self.problems[:MAX_PROBLEMS]]
         found = {"steps": self.steps, "count": self.count, "problems": problems}
         self.steps, self.count, self.problems = 0, 0, []
         self.seen.clear()  # a problem that lasts into the next pass is that pass's too

@@ -111,11 +111,12 @@ def test_a_hit_that_takes_no_reference_names_the_block_and_both_counts() -> None
 
 
 def test_requests_are_named_as_the_caller_names_them_and_only_where_vllms_id_stands() -> None:
-    """vLLM's ids ("0", "1", "10") are digits that also stand in block numbers and counts: only the ids are renamed."""
+    """vLLM's scheduler ids ("0-9c235fe6": the answer's id "0", a '-' and 8 random characters) begin with digits that
+    also stand in block numbers and counts: only the ids are renamed."""
     audit, pool, group = engine()
-    admit(audit, pool, group, "0", [1, 2], 6)
-    group.req_to_blocks["10"] = [pool.blocks[1], pool.blocks[3]]  # 10's hit on block 1 took no reference
-    audit.scheduler.requests["10"] = Request("10", 5, 6)
+    admit(audit, pool, group, "0-9c235fe6", [1, 2], 6)
+    group.req_to_blocks["10-a4256682"] = [pool.blocks[1], pool.blocks[3]]  # its hit on block 1 took no reference
+    audit.scheduler.requests["10-a4256682"] = Request("10-a4256682", 5, 6)
     pool.blocks[3].ref_cnt = 1
     pool.free_block_queue.blocks.remove(pool.blocks[3])
     pool.free_block_queue.num_free_blocks -= 1
