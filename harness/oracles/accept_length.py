@@ -192,9 +192,12 @@ def _counted_findings(view: PassView, cold: dict[str, dict[str, int] | None]) ->
         if (expected := missed_bound(got, want, most)) is not None:
             found.append({**view.where(), "check": "relative", "against": against, "expected": expected,
                           "got": round(got, 4), "max": most})
-    # the target drafting for itself accepts every draft token: k + 1 where the drafts are whole
+    # the target drafting for itself accepts every draft token: k + 1 where the drafts are whole; a pass whose requests
+    # each decoded one token at most (a prefill-only draw of the boundary family) had no step to draft in
     exact = most if view.traits.spec.method == "self" and whole else None
     band = (exact, exact) if exact is not None else view.accept_band if whole else None
+    if not could_draft(view):
+        band = None
     if band is not None and not band[0] <= got <= band[1]:
         found.append({**view.where(), "check": "band",
                       "against": "k + 1 (self-draft)" if exact is not None else "measured band",
@@ -204,12 +207,18 @@ def _counted_findings(view: PassView, cold: dict[str, dict[str, int] | None]) ->
     return found + (replayed or []), replayed is not None
 
 
+def could_draft(view: PassView) -> bool:
+    """Whether a pass had a step to draft in: some request decoded past its first token (the prefill's)."""
+    return any(len(o.tokens) > 1 for o in view.got.outputs)
+
+
 def _judge_counted(armed: Sequence[PassView]) -> Verdict:
     cold_counters = {v.workload: v.got.counters for v in armed if v.name == "cold"}
     judged = [_counted_findings(view, cold_counters) for view in armed]
     findings = [f for found, _ in judged for f in found]
     replayed = sum(was for _, was in judged)
-    if not any(v.got.counters.get("drafts", 0) for v in armed):  # the proposer was never exercised
+    drafting = [v for v in armed if could_draft(v)]
+    if drafting and not any(v.got.counters.get("drafts", 0) for v in drafting):  # the proposer was never exercised
         findings.append({"workload": "every workload", "pass": "every pass", "check": "drafted",
                          "against": f"spec = {armed[0].traits.spec.method}", "expected": "> 0 drafts", "got": 0})
     means = [pass_accept_length(v.got.counters) for v in armed]

