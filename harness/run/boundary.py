@@ -14,7 +14,7 @@ import hashlib
 import random
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fixtures.workloads import Workload
@@ -117,10 +117,20 @@ class Explored:
 
 class _Search:
     """Hypothesis's condition on one cell: serve a draw, judge it, say whether it fails the check the first failure
-    failed (a shrink keeps that check); a draw already served is never served again, and a spent budget says no."""
+    failed (a shrink keeps that check); a draw already served is never served again, and a spent budget says no.
 
-    def __init__(self, plan: CellPlan, engines: Engines, seams: Seams, saved: int, step: OnStep) -> None:
+    A draw is judged beside the cell's fixed workloads (``fixed``), as the row judges it: it fails the oracles that
+    fail with it and pass without it. An oracle that judges the cell as a whole (``pressure``: some workload made the
+    engine preempt; ``accept_length``'s "the proposer drafted at all") is met by the workloads written for it, so a
+    draw too short to press the pool or to draft is not a failure of its own.
+    """
+
+    def __init__(self, plan: CellPlan, engines: Engines, seams: Seams, saved: int, step: OnStep,
+                 fixed: Sequence[PassView]) -> None:
         self.plan, self.engines, self.seams, self.saved, self.step = plan, engines, seams, saved, step
+        self.fixed = list(fixed)
+        self.already = {name for name, verdict in judge(self.fixed).items() if verdict.status == "fail"} \
+            if self.fixed else set()
         self.references = References(engines)
         self.served: dict[Draw, Tried] = {}
         self.primary: str | None = None  # the check the first failing draw failed
@@ -157,8 +167,9 @@ class _Search:
             self.engines.drop(plan.engine, plan.levels, plan.faults, plan.engine_args)
             error = "".join(traceback.format_exception(exc)).strip()
             return Tried(name, draw, phase, [f"error: {error_type(error)}"], error=error)
-        verdicts: dict[str, Verdict] = judge(pass_views(run, references, plan.tolerances, plan.known))
-        failing = sorted(name for name, verdict in verdicts.items() if verdict.status == "fail")
+        verdicts: dict[str, Verdict] = judge(self.fixed + pass_views(run, references, plan.tolerances, plan.known))
+        failing = sorted(name for name, verdict in verdicts.items()
+                         if verdict.status == "fail" and name not in self.already)
         return Tried(name, draw, phase, failing, run, references)
 
     def _engine(self):
@@ -174,8 +185,10 @@ class _Failed(Exception):
         self.draw = draw
 
 
-def explore(plan: CellPlan, engines: Engines, seams: Seams, step: OnStep | None = None) -> Explored:
-    """Draw ``plan.boundary.draws`` workloads at ``seams`` on the cell's engines, shrink the first that fails."""
+def explore(plan: CellPlan, engines: Engines, seams: Seams, step: OnStep | None = None,
+            fixed: Sequence[PassView] = ()) -> Explored:
+    """Draw ``plan.boundary.draws`` workloads at ``seams`` on the cell's engines, shrink the first that fails; each
+    draw judged beside the views of the cell's fixed workloads (``fixed``)."""
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     started, key = time.perf_counter(), database_key(plan)
@@ -183,7 +196,7 @@ def explore(plan: CellPlan, engines: Engines, seams: Seams, step: OnStep | None 
     # Hypothesis replays the shrunk draws (its primary corpus) and, where they are few, the failing draws a shrink
     # left behind (its secondary one): a replayed shrunk draw that fails again is reported as it is, any other shrinks
     saved = sum(len(list(database.fetch(k))) for k in (key, key + SECONDARY)) if database is not None else 0
-    search = _Search(plan, engines, seams, saved, step or (lambda what: None))
+    search = _Search(plan, engines, seams, saved, step or (lambda what: None), fixed)
     shrunk = None
     try:
         _hypothesis_test(plan, seams, search, database, key)()

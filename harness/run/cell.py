@@ -56,7 +56,7 @@ def run_plan(plan: CellPlan, goldens: GoldenRuns, on_step: OnStep | None = None)
                      for view in pass_views(run, references, plan.tolerances, plan.known)]
             if plan.boundary is not None:
                 traits = served.runs[-1].traits if served.runs else None
-                explored = explore(plan, engines, cell_seams(plan, traits), step)
+                explored = explore(plan, engines, cell_seams(plan, traits), step, views)
                 views += explored.views(plan)
             verdicts = judge(views)
     except Exception as exc:  # a crashing cell is a finding, not the end of the run

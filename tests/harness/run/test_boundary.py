@@ -13,9 +13,12 @@ from hypothesis import Phase, given, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from fixtures.workloads.boundary import Draw, draws
+from harness import oracles
 from harness.cli.main import main
 from harness.matrix.file import load_matrix
 from harness.matrix.model import Matrix, generate
+from harness.oracles.view import Oracle
+from harness.results.rows import Verdict
 from harness.run.boundary import SECONDARY, cell_seams, database_key, preview
 from harness.run.cell import run_plan
 from harness.run.golden import GoldenRuns
@@ -75,6 +78,25 @@ def test_a_rerun_of_the_cell_draws_the_same_and_its_row_says_what(tmp_path: Path
     assert [Draw.from_json(d) for d in first] == preview(plan, cell_seams(plan))
     assert all(d["shapes"] and d["failed"] == [] and d["phase"] == "draw" for d in rows[0]["draws"])
     assert rows[0]["seams"]["page"] == 16 and rows[0]["shrunk"] is None
+
+
+def _written_for_it(views) -> Verdict:
+    """A whole-cell check as ``pressure`` is: some workload of the cell, the one written for it, met it."""
+    met = any(view.workload == "system_prompt" for view in views)
+    return Verdict("written_for_it", "pass" if met else "fail", "system_prompt served" if met else "no system_prompt")
+
+
+def test_a_draw_is_judged_beside_the_fixed_workloads_so_a_whole_cell_check_they_meet_fails_no_draw(
+        tmp_path: Path) -> None:
+    oracles.register(Oracle("written_for_it", "no system_prompt served", _written_for_it))
+    try:
+        alone = run_plan(_plan(_matrix(tmp_path, "alone")), GoldenRuns())
+        beside = run_plan(_plan(_matrix(tmp_path, "beside", SMOKE_WORKLOADS)), GoldenRuns())
+    finally:
+        oracles.unregister("written_for_it")
+    assert alone.status == "fail" and alone.metrics["boundary"]["draws"][0]["failed"] == ["written_for_it"]
+    assert beside.status == "pass", beside.oracles
+    assert [d["failed"] for d in beside.metrics["boundary"]["draws"]] == [[], [], []]
 
 
 def _plant(db: Path, plan: CellPlan, key: bytes) -> Draw:
