@@ -5,10 +5,11 @@ only the standard library, vllm and torch, never our packages, since those live 
 One JSON object per line on stdin, one answer per line on stdout, logs on stderr:
 
     {"op": "start", "engine_args": {...}, "poison": bool, "audit": bool}
-                                                   -> {"ok": true, "seconds": s, "applied": {...}, "poisoned"?: {...}}:
-                                                      what vLLM applied of the arguments (``applied_config``), read
-                                                      back; ``poison``: its KV cache NaN-poisoned (``poison.py``),
-                                                      ``audit``: its block pool audited after every step (``audit.py``)
+                                                   -> {"ok": true, "seconds": s, "applied": {...}, "poisoned"?: {...},
+                                                      "resized"?: {...}}: what vLLM applied of the arguments
+                                                      (``applied_config``), read back; ``resized``: the arguments
+                                                      this child raised (``hold_one_request``); ``poison``: its KV
+                                                      cache NaN-poisoned (``poison.py``), ``audit``: its block pool audited after every step (``audit.py``)
     {"op": "serve", "requests": [{"rid", "prompt", "max_new_tokens", "priority", "kv_transfer_params"?}],
      "top_logprobs": 2}
         -> {"ok": true, "seconds": s, "outputs": [{"rid", "tokens", "logprobs", "top_ids", "top_logprobs",
@@ -108,9 +109,15 @@ class Child:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM  # imported here: a malformed first line is answered without vLLM's 10 s import
 
+        asked = engine_args.get("num_gpu_blocks_override")
+        if asked is not None:
+            hold_one_request()
         self.llm = LLM(**{**DEFAULT_ARGS, **engine_args, **FORCED_ARGS})
         self.evicted = count_evictions(self.llm)
         answer = {"seconds": time.perf_counter() - began, "applied": applied_config(self.llm)}
+        sized = self.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks_override
+        if asked is not None and sized != asked:
+            answer["resized"] = {"num_gpu_blocks_override": sized}
         if msg.get("poison"):
             self.poison = sibling("poison").KvPoison(self.llm)
             answer["poisoned"] = self.poison.describe()
@@ -203,6 +210,30 @@ def sibling(name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def hold_one_request() -> None:
+    """Raise a tight cell's KV blocks (``num_gpu_blocks_override``, the harness's ``tight_blocks``) to vLLM's own
+    least for one request of ``max_model_len``, counted over its KV cache groups as its start-up check counts them
+    (``vllm/v1/core/kv_cache_utils.py``, ``check_enough_kv_cache_memory``), plus the null block. A dense model's
+    count is that least already; a hybrid model's Mamba state pages share the pool with its attention blocks, whose
+    size vLLM raises to match them, so a count of attention pages alone is refused at start-up."""
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.engine import core
+
+    configs = core.get_kv_cache_configs
+
+    def sized(vllm_config: Any, kv_cache_specs: list, available_memory: list) -> Any:
+        cache = vllm_config.cache_config
+        specs = {name: spec for worker in kv_cache_specs for name, spec in worker.items()}
+        groups = kv_cache_utils.get_kv_cache_groups(vllm_config, dict(specs))
+        if groups:
+            needed = kv_cache_utils.max_memory_usage_bytes(vllm_config, specs.values())
+            per_block = kv_cache_utils._pool_bytes_per_block(vllm_config, groups)
+            cache.num_gpu_blocks_override = max(cache.num_gpu_blocks_override, -(-needed // per_block) + 1)
+        return configs(vllm_config, kv_cache_specs, available_memory)
+
+    core.get_kv_cache_configs = sized
 
 
 def applied_config(llm: Any) -> dict:

@@ -133,7 +133,8 @@ class VllmEngine:
         self.blocks[alone] = blocks
         answer = child.ask(start_message(arguments, self.levels))
         if not alone:  # the cell's own engine: judged by what it applied (the one-at-a-time child runs 1 on purpose)
-            self.traits = applied_traits(self.traits, read_back(arguments, field(answer, "applied", dict)), self.levels)
+            asked = {**arguments, **answer.get("resized", {})}  # what the child raised to vLLM's own least
+            self.traits = applied_traits(self.traits, read_back(asked, field(answer, "applied", dict)), self.levels)
         return child, float(field(answer, "seconds", (int, float)))
 
     def pd_pair(self, workload: Workload) -> tuple[PdPair, float, bool]:
