@@ -27,7 +27,7 @@ from harness.run.session import check_runnable
 from harness.sut.checkpoints import DRAFT_LAYERS, MAX_POSITIONS, SERVED_DENSE
 from harness.sut.rules import SHARED
 from harness.sut.vllm.protocol import EngineChildError, request_output
-from harness.sut.vllm.arguments import VLLM_LOOKUP, engine_arguments
+from harness.sut.vllm.arguments import VLLM_LOOKUP, engine_arguments, tight_blocks
 from harness.sut.vllm.engine import vllm_traits
 from tests.binaries import required_path
 from tests.harness.sut.vllm.stand_in import point_vllm_at
@@ -334,6 +334,22 @@ def test_fp8_kv_judged_bitwise_fails_and_passes_with_its_declared_tolerance(tmp_
     tolerant = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
     assert tolerant.status == "pass", {n: v.message for n, v in tolerant.oracles.items() if v.status == "fail"}
     assert tolerant.metrics["tolerances"] == {"logprobs": 0.5, "tie": 0.5}
+
+
+@pytest.mark.vllm
+def test_a_tight_hybrid_cell_starts_with_the_blocks_vllm_counts_for_its_mamba_state(tmp_path: Path,
+                                                                                   goldens: GoldenRuns) -> None:
+    """The hybrid model's Mamba state pages share vLLM's block pool: the attention pages ``tight_blocks`` counts were
+    refused at start-up ("estimated maximum model length is 96"); the child raises them to vLLM's own least, and the
+    raise is read back as what was asked (``applied`` passes)."""
+    needs_vllm()
+    matrix, cell = vllm_cell(tmp_path, 'model = ["hybrid"]\nkv_capacity = ["tight"]', timeout=600)
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
+    assert result.error is None, result.error
+    asked = tight_blocks(load_workload("pair"), VLLM.full({"model": "hybrid", "kv_capacity": "tight"}))
+    assert result.metrics["applied"]["kv_capacity"] > asked, result.metrics["applied"]
+    assert {name: result.oracles[name].status for name in ("applied", "tokens", "completeness")} == dict.fromkeys(
+        ("applied", "tokens", "completeness"), "pass"), result.oracles
 
 
 @pytest.mark.vllm
