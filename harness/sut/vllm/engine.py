@@ -133,9 +133,14 @@ class VllmEngine:
         self.blocks[alone] = blocks
         answer = child.ask(start_message(arguments, self.levels))
         if not alone:  # the cell's own engine: judged by what it applied (the one-at-a-time child runs 1 on purpose)
-            asked = {**arguments, **answer.get("resized", {})}  # what the child raised to vLLM's own least
-            self.traits = applied_traits(self.traits, read_back(asked, field(answer, "applied", dict)), self.levels)
+            self.read_back(arguments, answer)
         return child, float(field(answer, "seconds", (int, float)))
+
+    def read_back(self, arguments: Mapping[str, object], answer: Mapping[str, object]) -> None:
+        """Judge the cell by what its engine applied of ``arguments``, as its start ``answer`` says (what the child
+        raised to vLLM's own least counted as asked): the block size vLLM used sets the cache's expectations."""
+        asked = {**arguments, **answer.get("resized", {})}
+        self.traits = applied_traits(self.traits, read_back(asked, field(answer, "applied", dict)), self.levels)
 
     def pd_pair(self, workload: Workload) -> tuple[PdPair, float, bool]:
         """The cell's PD pair, started side by side on first use (and the wall seconds that took), else emptied; and
@@ -154,6 +159,8 @@ class VllmEngine:
         arguments = engine_arguments(self.levels, self.engine_args, self.tier, blocks)
         self.pair = PdPair(str(self.levels["pd"]), arguments, self.env, nixl_backoff(self.traits.hybrid), self.levels)
         self.pair_blocks = blocks
+        # the decode side's cache is the one the warm pass hits (both sides apply the same arguments alike)
+        self.read_back(arguments, self.pair.started["decode"])
         return self.pair, self.pair.start_seconds, True
 
     def empty_tier(self) -> None:

@@ -67,8 +67,8 @@ class PdPair:
                 self.sides[side] = child
                 config = pd_config(level, role, tier)
                 child.send(start_message({**arguments, "kv_transfer_config": config}, levels or {}))
-            for child in self.sides.values():
-                child.receive("start")
+            #: each side's start answer: what vLLM applied there (``applied``) and what its child raised (``resized``)
+            self.started = {side: child.receive("start") for side, child in self.sides.items()}
             self.layout = self.decode.ask({"op": "layout"})
         except BaseException:
             self.close()
