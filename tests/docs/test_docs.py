@@ -33,7 +33,8 @@ def test_the_reference_has_the_three_generated_tables() -> None:
             "python -m harness factors --markdown"} <= commands, commands
 
 
-@pytest.mark.parametrize(("path", "command", "text"), blocks(), ids=lambda value: getattr(value, "name", None))
+@pytest.mark.parametrize(("path", "command", "text"), blocks(),
+                         ids=[f"{path.name}: {command.split()[3]}" for path, command, _ in blocks()])
 def test_a_generated_table_is_what_the_code_prints(path: Path, command: str, text: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     assert main(shlex.split(command)[3:]) == 0
