@@ -224,7 +224,9 @@ for line in sys.stdin:
     preempted = 2 if tight and pressure != "never" else 0
     print(json.dumps({"ok": True, "seconds": 0.0, "outputs": outputs, "connector": {},
                       "spec": {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0},
-                      "scheduler": {"preemptions": preempted, "evicted_blocks": preempted}}), flush=True)
+                      "scheduler": {"preemptions": preempted, "evicted_blocks": preempted},
+                      "inputs": {"call": "LLM.generate", "where": "a stand-in", "compared": len(msg["requests"]),
+                                 "changes": []}}), flush=True)
 '''
 
 
@@ -343,10 +345,13 @@ def test_a_tight_hybrid_cell_starts_with_the_blocks_vllm_counts_for_its_mamba_st
     refused at start-up ("estimated maximum model length is 96"); the child raises them to vLLM's own least, and the
     raise is read back as what was asked (``applied`` passes)."""
     needs_vllm()
-    matrix, cell = vllm_cell(tmp_path, 'model = ["hybrid"]\nkv_capacity = ["tight"]', timeout=600)
-    result = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
+    path = tmp_path / "v.toml"  # system_prompt at page 32: 5 blocks, max_model_len 128, refused before ("... 96")
+    path.write_text(MATRIX.format(timeout=600, factors='model = ["hybrid"]\nkv_capacity = ["tight"]')
+                    .replace('["pair"]', '["system_prompt"]'))
+    matrix = load_matrix(str(path))
+    result = run_cell(matrix, generate(matrix)[0], faults=frozenset(), goldens=goldens)
     assert result.error is None, result.error
-    asked = tight_blocks(load_workload("pair"), VLLM.full({"model": "hybrid", "kv_capacity": "tight"}))
+    asked = tight_blocks(load_workload("system_prompt"), VLLM.full({"model": "hybrid", "kv_capacity": "tight"}))
     assert result.metrics["applied"]["kv_capacity"] > asked, result.metrics["applied"]
     assert {name: result.oracles[name].status for name in ("applied", "tokens", "completeness")} == dict.fromkeys(
         ("applied", "tokens", "completeness"), "pass"), result.oracles
