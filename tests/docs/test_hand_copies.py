@@ -171,6 +171,13 @@ def test_the_environment_table_names_every_variable_the_code_reads() -> None:
                            f"read nowhere {named - read}")
 
 
+def test_every_benchmark_script_has_its_place_in_benchmarks() -> None:
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    scripts = sorted(path.name for path in (ROOT / "benchmarks").iterdir() if path.suffix in (".py", ".toml"))
+    unnamed = [name for name in scripts if name not in text]
+    assert not unnamed, f"BENCHMARKS.md names no section's command for {unnamed}: add its table there"
+
+
 @pytest.mark.parametrize(("doc", "code", "problems"), [
     ({"--cell", "-j"}, [["--cell"], ["-j", "--jobs"]], []),
     ({"--cell"}, [["--cell"], ["-j", "--jobs"]], ["missing -j / --jobs"]),
