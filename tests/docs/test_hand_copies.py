@@ -58,6 +58,14 @@ def test_the_oracle_pages_reference_table_names_every_reference_an_oracle_may_re
                                       f"REFERENCES: missing {set(REFERENCES) - named}, not in the code {named - set(REFERENCES)}")
 
 
+def test_every_built_in_oracle_is_seen_to_fail() -> None:
+    table = section(ORACLES.read_text(), "## Each check is seen to fail")
+    named = {name for cell in first_column(table, "oracle: check") for name in re.findall(r"`(\w+)`", cell.split(":")[0])}
+    builtin = {oracle.name for oracle in oracles.BUILTIN}
+    assert named - {"error"} == builtin, (f"docs/reference/oracles.md's 'seen to fail' table vs oracles.BUILTIN: "
+                                          f"no row for {builtin - named}, not an oracle {named - builtin - {'error'}}")
+
+
 def test_the_layout_page_names_every_built_in_oracle_module() -> None:
     modules = {oracle.judge.__module__.rpartition(".")[2] for oracle in oracles.BUILTIN}
     named = listed(LAYOUT.read_text(), "one module per oracle")
