@@ -42,7 +42,8 @@ def test_benchmarks_is_a_reference_not_a_log() -> None:
 
 
 def test_a_heading_named_by_an_issue_a_date_or_a_stop_is_found() -> None:
-    log = "# Log\n\n## PD (issue 27)\n\n### Run of 2026-12-03\n\n## Stop 39\n\n## Covering arrays\n```sh\n# issue 3\n```\n"
+    log = ("# Log\n\n## PD (issue 27)\n\n### Run of 2026-12-03\n\n## Stop 39\n\n"
+           "## Covering arrays\n```sh\n# issue 3\n```\n")
     assert history_headings(log) == ["PD (issue 27)", "Run of 2026-12-03", "Stop 39"]
 
 

@@ -54,13 +54,15 @@ def listed(text: str, lead: str) -> set[str]:
 
 def test_the_oracle_pages_reference_table_names_every_reference_an_oracle_may_read() -> None:
     named = {cell.strip("`") for cell in first_column(ORACLES.read_text(), "reference")}
-    assert named == set(REFERENCES), (f"docs/reference/oracles.md's references table vs harness/oracles/view.py "
-                                      f"REFERENCES: missing {set(REFERENCES) - named}, not in the code {named - set(REFERENCES)}")
+    references = set(REFERENCES)
+    assert named == references, (f"docs/reference/oracles.md's references table vs harness/oracles/view.py "
+                                 f"REFERENCES: missing {references - named}, not in the code {named - references}")
 
 
 def test_every_built_in_oracle_is_seen_to_fail() -> None:
     table = section(ORACLES.read_text(), "## Each check is seen to fail")
-    named = {name for cell in first_column(table, "oracle: check") for name in re.findall(r"`(\w+)`", cell.split(":")[0])}
+    named = {name for cell in first_column(table, "oracle: check")
+             for name in re.findall(r"`(\w+)`", cell.split(":")[0])}
     builtin = {oracle.name for oracle in oracles.BUILTIN}
     assert named - {"error"} == builtin, (f"docs/reference/oracles.md's 'seen to fail' table vs oracles.BUILTIN: "
                                           f"no row for {builtin - named}, not an oracle {named - builtin - {'error'}}")
