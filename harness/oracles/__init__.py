@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.oracles import (
-    accept_length, applied, batch_invariance, cached_tokens, completeness, cross_engine, logprobs, nan, pd_audit,
-    pool_audit, pressure, tokens,
+    accept_length, applied, batch_invariance, cached_tokens, completeness, cross_engine, inputs, logprobs, nan,
+    pd_audit, pool_audit, pressure, tokens,
 )
 from harness.oracles.view import Oracle, PassView
 from harness.results.rows import Verdict
@@ -30,6 +30,7 @@ BUILTIN: tuple[Oracle, ...] = (
     pd_audit.ORACLE,
     applied.ORACLE,
     pressure.ORACLE,
+    inputs.ORACLE,
 )
 _ORACLES: dict[str, Oracle] = {oracle.name: oracle for oracle in BUILTIN}
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from harness.sut.base import CellEngine, Engine
+from harness.sut.watched import WatchedEngine
 
 #: the engines a matrix names by name: name → the package that declares it (its ``ENGINE``).
 BUILTIN: Mapping[str, str] = {
@@ -68,8 +69,9 @@ def engine(name: str) -> Engine:
 @contextmanager
 def opened(name: str, levels: Mapping[str, object], faults: frozenset[str], device: str,
            engine_args: Mapping[str, object]) -> Iterator[CellEngine]:
-    """The engine ``name`` brought up for one cell, closed when the block ends."""
-    cell_engine = engine(name).open(levels, faults, device, engine_args)
+    """The engine ``name`` brought up for one cell, closed when the block ends; every ``serve`` of its systems watched
+    for what it does to the runner's requests (``watched.WatchedEngine``: the ``inputs`` oracle judges it)."""
+    cell_engine = WatchedEngine(engine(name).open(levels, faults, device, engine_args))
     try:
         yield cell_engine
     finally:

@@ -20,6 +20,7 @@ import torch
 
 from fixtures.spec_expect import Proposer
 from fixtures.workloads import CachedExpectation, Workload
+from harness.sut.inputs import InputsCheck
 from harness.sut.levels import EngineLevels
 from reference_impl.request import RequestOutput, RequestSpec
 
@@ -123,6 +124,8 @@ class PassResult:
     # its reply a verify step emitted
     placement: dict[str, int] = field(default_factory=dict)
     verified: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # what the caller handed the engine's APIs in this pass, compared before and after each call (``harness.sut.inputs``)
+    inputs: list[InputsCheck] = field(default_factory=list)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -14,6 +14,7 @@ from harness.oracles.accept_length import missed_bound
 from harness.oracles.tokens import TOKEN_WINDOW
 from harness.oracles.view import KnownFailure, PassView
 from harness.sut.base import Applied, CacheTraits, PassResult, SpecTraits, Traits
+from harness.sut.inputs import InputsCheck
 from reference_impl.engine.model_runner import NanEvent
 from reference_impl.request import RequestOutput, RequestSpec
 
@@ -41,7 +42,8 @@ def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None
          tolerances: dict[str, float] | None = None, accept_band: tuple[float, float] | None = None,
          known: tuple[KnownFailure, ...] = (), applied: tuple[Applied, ...] = (),
          verified: dict[str, tuple[int, ...]] | None = None, replay: Proposer | None = None,
-         pressed: bool = False, whole_drafts: bool = True, replay_hits: bool = True) -> PassView:
+         pressed: bool = False, whole_drafts: bool = True, replay_hits: bool = True,
+         inputs: list[InputsCheck] | None = None) -> PassView:
     """One pass as an oracle sees it, built from plain values: what each test changes is named, the rest is a
     sound pass of ``outputs`` against a ``golden`` equal to it. ``reference`` is what batch invariance holds the pass
     to: each request alone for the cold pass, the cold pass for a later one."""
@@ -61,7 +63,7 @@ def view(outputs: list[RequestOutput], golden: list[RequestOutput] | None = None
                     cache=CacheTraits(enabled=True, page_size=page_size, chunk_size=page_size, state_interval=page_size),
                     aborts_allowed=aborts_allowed, audited=audited, applied=applied, pressed=pressed)
     got = PassResult(outputs=outputs, nan_events=nan_events or [], audit=audit or [], counters=counters or {},
-                     pd=pd_ledger, verified=verified or {})
+                     pd=pd_ledger, verified=verified or {}, inputs=inputs or [])
     return PassView(
         workload=workload, name=name, got=got, traits=traits, references=references,
         requests=tuple(RequestSpec(rid, prompts.get(rid, ()), n) for rid, n in requested.items()),
@@ -88,7 +90,7 @@ def test_every_oracle_passes_on_identical_results() -> None:
                            spec_reference=baseline(), max_accept_length=4, page_size=4, pd_ledger=LEDGER,
                            prompts={"a": tuple(range(12)), "b": (1, 2, 3, 4)}, name="cold",
                            cross_reference=baseline(), applied=(Applied("slots", 4, 4),), pressed=True,
-                           counters={"preemptions": 1})])
+                           counters={"preemptions": 1}, inputs=[InputsCheck(call="serve", where="here", compared=2)])])
     assert {name: v.status for name, v in verdicts.items()} == {name: "pass" for name in ORACLES}
 
 
