@@ -15,8 +15,8 @@ One JSON object per line on stdin, one answer per line on stdout, logs on stderr
         -> {"ok": true, "seconds": s, "outputs": [{"rid", "tokens", "logprobs", "top_ids", "top_logprobs",
             "num_cached_tokens", "finish_reason", "kv_transfer_params"}], "spec": {"drafts", "draft_tokens",
             "accepted_tokens", "accepted_per_pos"}, "connector": {name: count over this serve},
-            "scheduler": {"preemptions", "evicted_blocks"}, "audit"?: {"steps", "count", "problems"},
-            "poison"?: {"issued", "freed"}}: the audit's and the poison's since the last serve (a reset's steps too)
+            "scheduler": {"preemptions", "evicted_blocks"}, "inputs": {"call", "where", "compared", "changes"}, "audit"?:
+            {"steps", "count", "problems"}, "poison"?: {"issued", "freed"}}: what generate changed of its inputs; the audit's and the poison's since the last serve (a reset's steps too)
     {"op": "reset", "reset_connector": bool, "settle_s": s}
                                                    -> {"ok": true, "reset": bool, "steps": n}: an empty prefix cache
                                                       (and, asked, the KV connector's), so the next pass starts
@@ -72,6 +72,7 @@ CONNECTOR_COUNTERS = {
     "nixl_failed_transfers": ("vllm:nixl_num_failed_transfers", None),
 }
 NIXL_BYTES = "vllm:nixl_bytes_transferred"
+INPUTS = Path(__file__).parents[1] / "inputs.py"  # what a call is handed, compared after it (standard library only)
 
 
 class ProtocolError(ValueError):
@@ -174,6 +175,7 @@ class Child:
         priority = [int(req.get("priority", 0)) for req in requests]
         metrics = self.llm.get_metrics()
         before, moved, scheduled = spec_counters(metrics), connector_counters(metrics), self.scheduler_counters(metrics)
+        watch = sibling("inputs", INPUTS).Watch.by_request([str(r["rid"]) for r in requests], prompt=prompts, sampling_params=params, priority=priority)
         began = time.perf_counter()
         try:
             results = self.llm.generate(prompts, params, use_tqdm=False, priority=priority)
@@ -187,7 +189,7 @@ class Child:
         now = self.scheduler_counters(metrics)
         answer = {"seconds": seconds, "outputs": outputs, "spec": counter_delta(before, spec_counters(metrics)),
                   "connector": {key: after[key] - moved[key] for key in after},
-                  "scheduler": {key: now[key] - scheduled[key] for key in now}}
+                  "scheduler": {key: now[key] - scheduled[key] for key in now}, "inputs": watch.check("LLM.generate", "vLLM, in this process").to_json()}
         if self.audit is not None:  # the audit names requests by vLLM's ids, the answer by the caller's
             answer["audit"] = self.audit.take({res.request_id: req["rid"] for req, res in zip(requests, results)})
         if self.poison is not None:
@@ -201,12 +203,12 @@ class Child:
         return {"preemptions": preempted, **({} if self.evicted is None else {"evicted_blocks": self.evicted[0]})}
 
 
-def sibling(name: str) -> Any:
-    """This folder's module ``name`` (``poison``, ``audit``: they run in the child), loaded by its path: ``-I`` keeps
-    this folder off ``sys.path``, and the harness's package is not importable from vLLM's interpreter."""
+def sibling(name: str, path: Path | None = None) -> Any:
+    """This folder's module ``name`` (``poison``, ``audit``: they run in the child) or the one at ``path``, loaded by its path:
+    ``-I`` keeps this folder off ``sys.path``, and the harness's package is not importable from vLLM's interpreter."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"kvmatrix_child_{name}", Path(__file__).with_name(f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(f"kvmatrix_child_{name}", path or Path(__file__).with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -20,6 +20,7 @@ import torch
 
 from fixtures.workloads import Workload
 from harness.sut.base import Applied, CacheRule, CacheTraits, PassResult, SpecTraits, Totals, Traits
+from harness.sut.inputs import InputsCheck
 from harness.sut.rules import SHARED
 from harness.sut.vllm import LEVELS
 from harness.sut.vllm.arguments import engine_arguments, read_back, replay_rule, tight_blocks, whole_drafts
@@ -27,7 +28,7 @@ from harness.sut.vllm.connectors import ExampleConnectorTier, nixl_backoff
 from harness.sut.vllm.cache_rules import EagleDropsLastBlock, EvictedUnderPressure
 from harness.sut.vllm.pd import PdPair, PdSystem
 from harness.sut.vllm.protocol import (
-    INSIDE_COUNTERS, SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, add_counters, audit_problems, field,
+    INSIDE_COUNTERS, SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, add_counters, add_inputs, audit_problems, field,
     request_output, serve_message, start_message,
 )
 from reference_impl.request import RequestSpec
@@ -225,16 +226,18 @@ class VllmSystem:
             self.child.ask({"op": "reset", "reset_connector": False})
         self.passes += 1
         outputs, counters, problems = [], dict.fromkeys(SPEC_COUNTERS, 0), []
+        untouched: dict[str, InputsCheck] = {}
         for group in rounds:
             answer = self.child.ask(serve_message(group))
             outputs += [request_output(out) for out in field(answer, "outputs", list)]
+            add_inputs(untouched, answer)
             self.seconds["requests"] += float(field(answer, "seconds", (int, float)))
             add_counters(counters, answer, "tier_" if self.tiered else None)
             problems += audit_problems(answer)
         for name in (*SCHEDULER_COUNTERS, *INSIDE_COUNTERS):
             if name in counters:
                 self.counted[name] = self.counted.get(name, 0) + counters[name]
-        return PassResult(outputs=outputs, counters=counters, audit=problems)
+        return PassResult(outputs=outputs, counters=counters, audit=problems, inputs=list(untouched.values()))
 
     def totals(self) -> Totals:
         return Totals(stats={name: self.counted[name] for name in (*SCHEDULER_COUNTERS, *INSIDE_COUNTERS)

@@ -22,10 +22,11 @@ import time
 from collections.abc import Mapping, Sequence
 
 from harness.sut.base import PassResult, Totals, Traits
+from harness.sut.inputs import InputsCheck
 from harness.sut.vllm.connectors import NIXL_ENV, PD_ROLES, PREFILL_PARAMS, PREFILL_TOKENS, SIDE_CHANNEL_PORT_ENV, pd_config
 from harness.sut.vllm.protocol import (
-    INSIDE_COUNTERS, SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, EngineChildError, add_counters, audit_problems,
-    field, request_output, serve_message, start_message,
+    INSIDE_COUNTERS, SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, EngineChildError, add_counters, add_inputs,
+    audit_problems, field, request_output, serve_message, start_message,
 )
 from reference_impl.request import RequestOutput, RequestSpec
 
@@ -135,6 +136,7 @@ class PdSystem:
         sides: dict[str, dict[str, int]] = {"prefill": {}, "decode": {}}
         hits: dict[str, int] = {}
         problems: list[str] = []
+        untouched: dict[str, InputsCheck] = {}
         for group in rounds:
             prefilled = self.pair.prefill.ask(serve_message(group, max_new_tokens=PREFILL_TOKENS,
                                                             handoff=[dict(PREFILL_PARAMS) for _ in group]))
@@ -147,6 +149,8 @@ class PdSystem:
             add_counters(sides["prefill"], prefilled, "")
             add_counters(sides["decode"], decoded, "")
             problems += audit_problems(prefilled, "prefill: ") + audit_problems(decoded, "decode: ")
+            add_inputs(untouched, prefilled, "prefill engine's ")
+            add_inputs(untouched, decoded, "decode engine's ")
         # the proposer runs on both sides, but only the decode side decodes: its counters are the pass's; either side
         # may preempt (and evict) under KV pressure
         counters = {name: sides["decode"].pop(name) for name in SPEC_COUNTERS}
@@ -155,7 +159,8 @@ class PdSystem:
         for name in (*SCHEDULER_COUNTERS, *INSIDE_COUNTERS):
             if name in sides["prefill"] or name in sides["decode"]:
                 counters[name] = sides["prefill"].pop(name, 0) + sides["decode"].pop(name, 0)
-        return PassResult(outputs=outputs, counters=counters, audit=problems, pd=self._ledger(sides, hits, decode_cold))
+        return PassResult(outputs=outputs, counters=counters, audit=problems, pd=self._ledger(sides, hits, decode_cold),
+                          inputs=list(untouched.values()))
 
     def _ledger(self, sides: Mapping[str, Mapping[str, int]], hits: Mapping[str, int], decode_cold: bool) -> dict:
         """The pass's ledger: each side's connector counters, the prefill side's hit per request, and what they are

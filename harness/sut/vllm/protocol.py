@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from harness.sut.inputs import InputsCheck
 from harness.sut.process import ProcessGroup, raised_first
 from harness.sut.vllm import PYTHON_ENV, vllm_python
 from reference_impl.request import RequestOutput, RequestSpec
@@ -145,6 +146,17 @@ def serve_message(group: Sequence[RequestSpec], *, max_new_tokens: int | None = 
             request["kv_transfer_params"] = handoff[i]
         requests.append(request)
     return {"op": "serve", "top_logprobs": TOP_LOGPROBS, "requests": requests}
+
+
+def add_inputs(checks: dict[str, InputsCheck], answer: Mapping, side: str = "") -> None:
+    """Add a serve answer's comparison of what ``LLM.generate`` was handed (``inputs``: the child compares them before
+    and after the call) to ``checks``, by call (a PD engine's ``side`` named before it)."""
+    try:
+        check = InputsCheck.from_json(field(answer, "inputs", dict))
+    except ValueError as exc:
+        raise EngineChildError(f"malformed answer: {exc}") from None
+    call = f"{side}{check.call}"
+    checks.setdefault(call, InputsCheck(call=call, where=check.where)).add(check.compared, check.changes)
 
 
 def add_counters(counters: dict[str, int], answer: Mapping, connector: str | None = None) -> None:

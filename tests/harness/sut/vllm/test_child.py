@@ -184,6 +184,8 @@ def test_child_serves_requests(dense_child: ChildProcess) -> None:
     assert answer["ok"], answer.get("traceback", answer)
     assert answer["seconds"] > 0
     assert set(answer["spec"]) == {"drafts", "draft_tokens", "accepted_tokens", "accepted_per_pos"}
+    # vLLM's LLM.generate leaves the prompts, SamplingParams and priorities it was handed as they were
+    assert (answer["inputs"]["compared"], answer["inputs"]["changes"]) == (2, []), answer["inputs"]
     by_rid = {out["rid"]: out for out in answer["outputs"]}
     assert set(by_rid) == {"a", "b"}
     for req in requests:

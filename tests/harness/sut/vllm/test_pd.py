@@ -62,7 +62,9 @@ for line in sys.stdin:
                 "num_cached_tokens": 0, "finish_reason": "length", "kv_transfer_params": None} for r in msg["requests"]]
     print(json.dumps({"ok": True, "seconds": 0.0, "outputs": outputs, "connector": {},
                       "spec": {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0},
-                      "scheduler": {"preemptions": 0}}), flush=True)
+                      "scheduler": {"preemptions": 0},
+                      "inputs": {"call": "LLM.generate", "where": "a stand-in", "compared": len(msg["requests"]),
+                                 "changes": []}}), flush=True)
 '''
 
 MATRIX = """
