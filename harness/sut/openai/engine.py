@@ -17,6 +17,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ import torch
 
 from fixtures.workloads import Workload
 from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
+from harness.sut.inputs import InputsCheck, Watch
 from harness.sut.openai import LEVELS, llamacpp, sglang, vllm
 from harness.sut.openai.launch import Launch, free_port
 from harness.sut.openai.server import ServerProcess
@@ -46,6 +48,9 @@ MOVED = {"vllm": vllm.moved}
 #: blocks are held: a prefill server's leased blocks stay held until the decode server has read them).
 SETTLE_S = 20.0
 RESET_POLL_S = 0.25
+#: who could write a request body during its call: the server is another process and cannot touch the caller's
+#: memory, so what the ``inputs`` oracle judges of a server is the harness's own client (building, sending, handing off).
+CLIENT_WHERE = "the harness's HTTP client only: the server is another process and cannot write the caller's memory"
 
 
 def server_traits(server: Mapping, levels: Mapping[str, object]) -> Traits:
@@ -200,6 +205,9 @@ class ServerSystem:
         self.seconds = {"start": start_seconds, "requests": 0.0}
         self.prefill_hits: dict[str, int] = {}  # PD: the prefill server's hit for each request of the pass
         self.moved = MOVED.get(engine.server["read_back"]) if self.prefill is not None else None
+        # this pass's request bodies, as the harness's client left them
+        self.untouched = InputsCheck(call=f"POST {engine.server['endpoint']}", where=CLIENT_WHERE)
+        self.counting = threading.Lock()  # a round's requests are sent from threads of their own
 
     def serve(self, rounds: Sequence[Sequence[RequestSpec]]) -> PassResult:
         server = self.engine.server
@@ -209,6 +217,7 @@ class ServerSystem:
         before = self._metrics() if metric_names else {}
         moved_before = self._moved() if self.moved is not None else None
         self.prefill_hits = {}
+        self.untouched = InputsCheck(call=f"POST {server['endpoint']}", where=CLIENT_WHERE)
         outputs: list[RequestOutput] = []
         counters = {name: 0 for name in counted}
         placement: dict[str, int] = {}
@@ -234,7 +243,7 @@ class ServerSystem:
         self.passes += 1
         ledger = None if moved_before is None else self._ledger(moved_before, self._moved())
         return PassResult(outputs=outputs, counters=pass_counters(counters, outputs), placement=placement,
-                          verified=verified, pd=ledger)
+                          verified=verified, pd=ledger, inputs=[self.untouched])
 
     def _together(self, batch: list[RequestSpec]) -> list[Reply]:
         """``batch``'s requests in flight at once, answers in request order. On a timeout or Ctrl-C the threads are
@@ -254,16 +263,25 @@ class ServerSystem:
         what = f"to request {request.rid!r}"
         if self.prefill is not None:
             body[server["pd"]["handoff"]] = self._prefilled(request, body)
-        doc = self.process.call(server["endpoint"], body, self.engine.request_timeout_s, what)
+        doc = self._post(self.process, request.rid, body, what)
         return request_output(server, request, doc, counted=self.traits.spec.method != "none")
+
+    def _post(self, process: ServerProcess, label: str, body: dict, what: str) -> object:
+        """POST ``body`` to the server's endpoint on ``process``, watched: the harness's client must leave it as built
+        (``label`` names its request in a finding)."""
+        watch = Watch(lambda: {label: body})
+        doc = process.call(self.engine.server["endpoint"], body, self.engine.request_timeout_s, what)
+        changes = watch.changes()
+        with self.counting:
+            self.untouched.add(watch.compared, changes)
+        return doc
 
     def _prefilled(self, request: RequestSpec, body: dict) -> object:
         """What the prefill server answers ``request`` in its ``handoff`` field (which the decode request carries);
         its hit kept for the pass's ledger."""
         pd = self.engine.server["pd"]
         what = f"to request {request.rid!r} on the prefill server"
-        doc = self.prefill.call(self.engine.server["endpoint"], {**body, **pd["request"]},
-                                self.engine.request_timeout_s, what)
+        doc = self._post(self.prefill, f"{request.rid} (prefill server)", {**body, **pd["request"]}, what)
         handoff = doc.get(pd["handoff"]) if isinstance(doc, dict) else None
         if not isinstance(handoff, dict):
             raise ServerError(f"malformed response {what}: no {pd['handoff']} object to hand the decode server "

@@ -19,6 +19,7 @@ from harness.run.golden import GoldenRuns
 from harness.run.cell import run_cell
 from harness.results.rows import error_type
 from harness.sut.openai.launch import Launch
+from harness.sut.openai.server import ServerProcess
 from harness.sut.openai.wire import ServerError, field_at, llamacpp_parse, metric_sums, openai_parse, request_output
 from harness.sut.process import is_live
 from reference_impl.request import RequestSpec
@@ -83,6 +84,33 @@ def test_a_well_behaved_server_is_judged_and_stopped(tmp_path: Path) -> None:
     assert row.oracles["tokens"].status == "pass" and row.oracles["cross_engine"].status == "skip"
     assert len((tmp_path / "pids").read_text().split()) == 2  # the server forked a worker
     assert alive(tmp_path) == []
+
+
+def test_a_servers_inputs_are_judged_as_the_harness_client_left_them(tmp_path: Path) -> None:
+    """The server is another process: what the inputs oracle can judge is the client's own path, and it says so."""
+    row, _ = run_one(tmp_path, "ok")
+    verdict = row.oracles["inputs"]
+    assert verdict.status == "pass", verdict.message
+    assert "POST /v1/completions: " in verdict.message and "cannot write the caller's memory" in verdict.message
+
+
+def test_a_client_that_changes_a_request_body_fails_inputs_naming_the_field(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    call = ServerProcess.call
+
+    def trimming(self: ServerProcess, path: str, body: dict | None, *args: object, **kwargs: object) -> object:
+        answer = call(self, path, body, *args, **kwargs)
+        if body is not None and "prompt" in body:
+            body["prompt"].pop()  # after sending: the server got it whole, the caller's body is cut
+        return answer
+
+    monkeypatch.setattr(ServerProcess, "call", trimming)
+    row, _ = run_one(tmp_path, "ok")
+    verdict = row.oracles["inputs"]
+    assert verdict.status == "fail", verdict.message
+    first = verdict.detail[0]
+    assert first["call"] == "POST /v1/completions" and first["request"] in ("pair-0", "pair-1")  # sent side by side
+    assert first["field"].startswith("prompt[") and first["after"] == "[]"
 
 
 @pytest.mark.parametrize("mode, needle", [
