@@ -4,7 +4,8 @@ pattern it applies to. ``harness.matrix.declared`` reads them from the file."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import itertools
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -63,6 +64,17 @@ class Expected:
         """Whether it applies to a cell of levels ``row`` run on a CPU with ``cpu_flags``."""
         return matches(self.when, row) and self.cpu <= cpu_flags
 
+    @property
+    def expects_error(self) -> bool:
+        """Whether it declares that the cell raises (``error: Type``): a cell that raises is judged by no oracle."""
+        return any(name.startswith("error: ") for name in self.fails)
+
+    @property
+    def excused_whole(self) -> frozenset[str]:
+        """The oracles whose every finding it excuses: those it names, when it has no signature (a signature leaves
+        the oracle judging every finding outside it)."""
+        return frozenset() if self.signature else frozenset(name for name in self.fails if not name.startswith("error: "))
+
     def to_json(self) -> dict:
         out = {"number": self.number, "when": {f: list(levels) for f, levels in self.when.items()},
                "fails": list(self.fails), "reason": self.reason}
@@ -85,3 +97,50 @@ class Tolerance:
 
     def matches(self, row: Mapping[str, object]) -> bool:
         return matches(self.when, row)
+
+
+@dataclass(frozen=True, slots=True)
+class Mask:
+    """Cells no oracle judges: every cell matching ``when``, excused whole by the declarations ``numbers`` together."""
+
+    when: Mapping[str, tuple[object, ...]]
+    numbers: tuple[int, ...]
+
+    def matches(self, row: Mapping[str, object]) -> bool:
+        return matches(self.when, row)
+
+
+def masks(expected: Sequence[Expected], oracle_names: Collection[str]) -> tuple[Mask, ...]:
+    """The cell patterns ``expected`` masks whole, ignoring ``cpu`` (a machine with the flags masks them, and the
+    cells generated must not depend on the machine): each declaration that expects an error, then each smallest set
+    of signature-free oracle declarations whose oracles together are every one of ``oracle_names``, on the cells
+    all of them match."""
+    found = [Mask(entry.when, (entry.number,)) for entry in expected if entry.expects_error]
+    wholesale = [entry for entry in expected if not entry.expects_error and entry.excused_whole]
+    every = frozenset(oracle_names)
+    if not every <= frozenset().union(*(entry.excused_whole for entry in wholesale)):
+        return tuple(found)  # no set of them excuses every oracle (the usual case: no subsets to try)
+    covering: list[frozenset[int]] = []
+    for size in range(1, len(wholesale) + 1):
+        for group in itertools.combinations(wholesale, size):
+            numbers = frozenset(entry.number for entry in group)
+            if any(smaller <= numbers for smaller in covering) or not every <= frozenset().union(
+                    *(entry.excused_whole for entry in group)):
+                continue
+            covering.append(numbers)
+            when = _both(entry.when for entry in group)
+            if when is not None:
+                found.append(Mask(when, tuple(sorted(numbers))))
+    return tuple(found)
+
+
+def _both(patterns: Iterable[Mapping[str, tuple[object, ...]]]) -> dict[str, tuple[object, ...]] | None:
+    """The cells every one of ``patterns`` matches, as one pattern; None when no cell does."""
+    merged: dict[str, tuple[object, ...]] = {}
+    for pattern in patterns:
+        for factor, levels in pattern.items():
+            kept = tuple(level for level in merged.get(factor, levels) if level in levels)
+            if not kept:
+                return None
+            merged[factor] = kept
+    return merged

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from harness import oracles
 from harness.matrix import covering
-from harness.matrix.known import Expected, Tolerance, matches
+from harness.matrix.covering import net
+from harness.matrix.known import Expected, Mask, Tolerance, masks, matches
 from harness.sut.host import cpu_flags
 
 MODES = ("full", "t-wise", "ofat", "cells")
@@ -157,6 +159,10 @@ class Matrix:
         row, flags = cell.as_dict(), cpu_flags()
         return tuple(entry for entry in self.expected if entry.matches(row, flags))
 
+    def masks(self) -> tuple[Mask, ...]:
+        """The cell patterns its ``[[expected]]`` entries leave no oracle to judge (``harness.matrix.known.masks``)."""
+        return masks(self.expected, oracles.names())
+
     def tolerances_for(self, cell: Cell) -> tuple[Tolerance, ...]:
         """Every ``[[tolerances]]`` entry ``cell`` matches (the loosest of each applies)."""
         row = cell.as_dict()
@@ -218,7 +224,8 @@ def generate(matrix: Matrix) -> list[Cell]:
 
 
 def generate_certified(matrix: Matrix) -> tuple[list[Cell], covering.Covering | None]:
-    """The cells of ``matrix`` and, in t-wise mode, the covering array's certificate (bound, optimality, method)."""
+    """The cells of ``matrix`` and, in t-wise mode, the covering array's certificate (bound, optimality, method):
+    the array is the first ``len(certificate.rows)`` cells, those after it are added net of masking."""
     if matrix.mode == "full":
         rows = itertools.product(*(levels for _, levels in matrix.factors))
         cells = [_cell(matrix, row) for row in rows]
@@ -230,13 +237,31 @@ def generate_certified(matrix: Matrix) -> tuple[list[Cell], covering.Covering | 
                                     stronger=stronger_groups(matrix), moves=matrix.search_moves)
         except ValueError as exc:
             raise matrix_error(matrix.path, "[factors]", str(exc)) from exc
-        return [_cell_of_indices(matrix, row) for row in result.rows], result
+        rows = [*result.rows, *_net_of_masking(matrix, result.rows)]
+        return [_cell_of_indices(matrix, row) for row in rows], result
     if matrix.mode == "ofat":
         return _one_factor_at_a_time(matrix), None
     if matrix.mode == "cells":
         chosen = {cell.factors: cell for choice in matrix.cell_choices for cell in chosen_cells(matrix, choice)}
         return sorted(chosen.values(), key=lambda cell: _indices_of(matrix, cell)), None
     raise matrix_error(matrix.path, "[matrix] mode", f"unknown mode {matrix.mode!r} (modes: {', '.join(MODES)})")
+
+
+def _net_of_masking(matrix: Matrix, rows: Sequence[covering.Row]) -> list[covering.Row]:
+    """The rows to append to the covering array ``rows`` until every allowed t-tuple a judged cell can hold is held
+    by one: a cell ``[[expected]]`` masks whole is judged by no oracle, so the tuples it alone held were covered by
+    nothing that can fail (``harness.matrix.covering.net``). The array's own cells keep their places and ids."""
+    assert matrix.strength is not None
+    clauses = mask_clauses(matrix, matrix.masks())
+    if not clauses:
+        return []
+    return net.extend(rows, _domains(matrix), matrix.strength, index_constraints(matrix), clauses,
+                      stronger_groups(matrix), matrix.search_moves).added
+
+
+def mask_clauses(matrix: Matrix, found: Sequence[Mask]) -> list[dict[int, list[int]]]:
+    """``found`` as clauses on level indices (``harness.matrix.covering.net``'s form)."""
+    return _index_clauses(matrix, [mask.when for mask in found])
 
 
 def coverage(matrix: Matrix, cells: Sequence[Cell], t: int) -> CoverageReport:
@@ -261,11 +286,10 @@ def ofat_coverage(matrix: Matrix, cells: Sequence[Cell]) -> CoverageReport:
     required: list[tuple[tuple[str, object], ...]] = [()]
     for i, (factor, levels) in enumerate(matrix.factors):
         for level in levels:
-            changed = Cell((*base.factors[:i], (factor, level), *base.factors[i + 1:]))
-            if level != base.factors[i][1] and matrix.allows(changed.as_dict()):
+            if level != base.factors[i][1] and matrix.allows(changed(base, ((factor, level),)).as_dict()):
                 required.append(((factor, level),))
     held = {cell.factors for cell in cells}
-    missing = tuple(change for change in required if _changed(base, change).factors not in held)
+    missing = tuple(change for change in required if changed(base, change).factors not in held)
     return CoverageReport(strength=1, required=len(required), covered=len(required) - len(missing), missing=missing)
 
 
@@ -277,7 +301,7 @@ def chosen_cells(matrix: Matrix, choice: CellChoice) -> list[Cell]:
     return [_cell(matrix, row) for row in rows]
 
 
-def _changed(base: Cell, change: tuple[tuple[str, object], ...]) -> Cell:
+def changed(base: Cell, change: tuple[tuple[str, object], ...]) -> Cell:
     """``base`` with the levels of ``change`` in place of its own."""
     levels = dict(change)
     return Cell(tuple((factor, levels.get(factor, level)) for factor, level in base.factors))
@@ -326,15 +350,17 @@ def stronger_groups(matrix: Matrix) -> list[tuple[tuple[int, ...], int]]:
 
 def index_constraints(matrix: Matrix) -> covering.Forbidden:
     """``matrix.allows`` on level indices, as clauses the generator can also judge partial rows by."""
+    return covering.Forbidden(_domains(matrix), _index_clauses(matrix, [c.forbid for c in matrix.constraints]))
+
+
+def _index_clauses(matrix: Matrix, patterns: Sequence[Mapping[str, tuple[object, ...]]]) -> list[dict[int, list[int]]]:
+    """Cell patterns (factor → levels) as clauses on factor positions and level indices."""
     positions = {factor: i for i, (factor, _) in enumerate(matrix.factors)}
-    return covering.Forbidden(_domains(matrix), [
-        {positions[f]: [_level_index(matrix.factors[positions[f]][1], lv) for lv in levels]
-         for f, levels in constraint.forbid.items()}
-        for constraint in matrix.constraints
-    ])
+    return [{positions[f]: [level_index(matrix.factors[positions[f]][1], lv) for lv in levels]
+             for f, levels in pattern.items()} for pattern in patterns]
 
 
-def _level_index(levels: Sequence[object], level: object) -> int:
+def level_index(levels: Sequence[object], level: object) -> int:
     """Position of ``level`` in ``levels`` by type and value (``True`` is not ``1`` here)."""
     return next(i for i, candidate in enumerate(levels) if type(candidate) is type(level) and candidate == level)
 
