@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.cli.findings import add_findings_command
 from harness.cli.progress import RunProgress
 from harness.cli.repro import add_repro_command
 from harness.cli.tables import add_table_commands
@@ -226,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_table_commands(sub)
     add_triage_commands(sub)
     add_repro_command(sub)
+    add_findings_command(sub)
     return parser
 
 
