@@ -7,8 +7,9 @@ implies and with what the client saw, pass by pass (``PassView.got.pd``).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from fixtures.workloads import CachedExpectation
 from harness.oracles.view import Oracle, PassView, verdict
 from harness.results.rows import Verdict
 
@@ -22,14 +23,29 @@ FAILS_WHEN = (
 )
 
 def nixl_bytes(prompts: Sequence[int], backoff: int, hit: int, block_size: int, block_bytes: int,
-               state_bytes: int) -> tuple[int, str]:
+               state_bytes: int, states: int | None = None) -> tuple[int, str]:
     """The bytes NIXL must move into the decode side for prompts of these lengths, and why: every prompt's blocks but
     the ``backoff`` tokens the decode side computes, less its own ``hit`` (tokens), × the bytes a block holds in every
-    KV cache group, and each request's state. Built-ins alone: reproducer scripts copy it in."""
+    KV cache group, and the state of each request read (``states``; None: every request). Built-ins alone:
+    reproducer scripts copy it in."""
+    states = len(prompts) if states is None else states
     blocks = sum(-(-(n - backoff) // block_size) for n in prompts) - hit // block_size
-    why = (f"{blocks} block(s) past the decode side's hit × {block_bytes} B + {len(prompts)} request state(s) × "
+    why = (f"{blocks} block(s) past the decode side's hit × {block_bytes} B + {states} request state(s) × "
            f"{state_bytes} B")
-    return blocks * block_bytes + len(prompts) * state_bytes, why
+    return blocks * block_bytes + states * state_bytes, why
+
+
+def nixl_reads(lengths: Mapping[str, int], backoff: int, hits: Mapping[str, CachedExpectation]) -> tuple[int, int]:
+    """How many of these requests (rid → prompt length) NIXL reads for, at least and at most, given the decode side's
+    allowed hit of each (``hits``): vLLM's decode side asks the prefill side for the prompt but the ``backoff`` tokens,
+    less its own hit, and for nothing when that is not positive (``NixlPullConnectorScheduler
+    .get_num_new_matched_tokens``: ``_get_remote_prefill_token_count(len) - num_computed_tokens``); such a request
+    only notifies the prefill side, with no transfer and no state moved (``NixlPullConnectorWorker._read_blocks``:
+    "Full prefix cache hit"). A dense model's (no backoff) hit always leaves its last token: every request reads."""
+    asked = {rid: n - backoff if backoff and n > backoff else n for rid, n in lengths.items()}
+    least = sum(n > (hits[rid].hi if rid in hits else 0) for rid, n in asked.items())
+    most = sum(n > (hits[rid].lo if rid in hits else 0) for rid, n in asked.items())
+    return least, most
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -97,15 +113,19 @@ def _counted_findings(view: PassView, cold: PassView) -> list[dict]:
     """A pass's counted ledger: the prefill side computed every prompt but the decode side's backoff, the decode side
     read the rest past its own hit (within what the cache implies: a cold pass's where it was emptied before the
     pass, ``cold`` being the workload's cold pass) and computed the backoff, NIXL moved exactly those blocks (and
-    each request's state) with no failure, and each client-visible hit is the prefill side's (its prefix cache's and
-    its tier's)."""
+    the state of each request it read for: not of one whose decode-side hit leaves nothing to read, ``nixl_reads``)
+    with no failure, and each client-visible hit is the prefill side's (its prefix cache's and its tier's)."""
     led, where = view.got.pd, view.where()
     prefill, decode, backoff, block = led["prefill"], led["decode"], led["backoff"], led["block_size"]
     lengths = [len(r.prompt) for r in view.requests]
     moved, hit = sum(n - backoff for n in lengths), decode["local_cache_hit"]
-    expected = cold.expected_cached if led.get("decode_cold") else view.expected_cached
+    expected = _decode_side(cold) if led.get("decode_cold") else _decode_side(view)
     bounds = [expected[r.rid] for r in view.requests if r.rid in expected]
     lo, hi = sum(e.lo for e in bounds), sum(e.hi for e in bounds)
+    least, most = nixl_reads({r.rid: len(r.prompt) for r in view.requests}, backoff, expected)
+    transfers = decode["nixl_transfers"]
+    skipped = "" if most == len(lengths) else (f", but none for a request whose decode-side hit covers its prompt "
+                                               f"less the last {backoff} token(s)")
     checks = [  # (check, expected, got, holds, why)
         ("prefilled", moved, prefill["prompt_tokens"], None, f"every prompt but the {backoff} token(s) the decode side "
          "computes"),
@@ -116,7 +136,8 @@ def _counted_findings(view: PassView, cold: PassView) -> list[dict]:
          "tokens the connector found = tokens read"),
         ("decode hit", lo if lo == hi else f"{lo}..{hi} (multiple of {block})", hit,
          lo <= hit <= hi and hit % block == 0, "the decode side's own prefix hit, summed: what the prompts imply"),
-        ("transfers", len(lengths), decode["nixl_transfers"], None, "one transfer per request"),
+        ("transfers", least if least == most else f"{least}..{most}", transfers, least <= transfers <= most,
+         f"one transfer per request{skipped}"),
         ("failed transfers", 0, decode["nixl_failed_transfers"] + prefill["nixl_failed_transfers"], None,
          "none may fail"),
         ("prefill hit", sum(led["prefill_hits"].values()), prefill["local_cache_hit"] + prefill["external_kv_transfer"],
@@ -125,7 +146,8 @@ def _counted_findings(view: PassView, cold: PassView) -> list[dict]:
          led["emptied"], "the prefill side frees what it leased once the decode side has read it"),
     ]
     if led["block_bytes"] is not None:
-        want, why = nixl_bytes(lengths, backoff, hit, block, led["block_bytes"], led["state_bytes"])
+        want, why = nixl_bytes(lengths, backoff, hit, block, led["block_bytes"], led["state_bytes"],
+                               states=min(max(transfers, least), most))
         checks.append(("bytes", want, decode["nixl_bytes"], None, why))
     findings = [{**where, "check": check, "expected": want, "got": got, "why": why}
                 for check, want, got, holds, why in checks if not (want == got if holds is None else holds)]
@@ -135,6 +157,11 @@ def _counted_findings(view: PassView, cold: PassView) -> list[dict]:
                              "the prefill side's hit", "expected": led["prefill_hits"].get(out.rid),
                              "got": out.cached_tokens})
     return findings
+
+
+def _decode_side(view: PassView) -> Mapping[str, CachedExpectation]:
+    """rid → the decode side's own allowed prefix hit in ``view``'s pass: the client's, unless the rule names it."""
+    return view.expected_cached if view.decode_cached is None else view.decode_cached
 
 
 def judge(views: Sequence[PassView]) -> Verdict:

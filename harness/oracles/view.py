@@ -65,6 +65,9 @@ class PassView:
     traits: Traits                         # the engine's levels as it applied them
     references: Mapping[str, PassResult]   # by ``REFERENCES`` name; only those that apply to this pass
     expected_cached: Mapping[str, CachedExpectation] = field(default_factory=dict)  # rid → allowed cached_tokens
+    #: a PD pass whose decode side's own prefix hit is not the client's (the prefill side's): rid → the decode side's
+    #: allowed hit (None: the client's, ``expected_cached``)
+    decode_cached: Mapping[str, CachedExpectation] | None = None
     tolerances: Mapping[str, float] = field(default_factory=dict)  # declared for the cell's levels: logprobs, tie
     accept_band: tuple[float, float] | None = None  # the workload's measured mean accept length for this proposer
     known: tuple[KnownFailure, ...] = ()   # the cell's declared known failures: the findings they excuse

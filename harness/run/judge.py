@@ -19,6 +19,16 @@ def expected_cached(run: WorkloadRun, name: str) -> dict[str, CachedExpectation]
     return rule_of(run.traits).expected(run.workload, run.traits, name, run.passes)
 
 
+def decode_cached(run: WorkloadRun, name: str) -> dict[str, CachedExpectation] | None:
+    """A PD pass's decode side: what its own prefix cache should hit, where the engine's rule names it apart from the
+    client's (the rule's ``decode_side``: vLLM's NIXL pair on a Mamba hybrid, whose client sees the prefill side's hit
+    on prompts one token short); None where the client's expectation is the decode side's too."""
+    side = getattr(rule_of(run.traits), "decode_side", None)
+    if side is None or not run.traits.pd:
+        return None
+    return side.expected(run.workload, run.traits, name, run.passes)
+
+
 def pass_views(run: WorkloadRun, references: Mapping[str, WorkloadRun], tolerances: Mapping[str, float],
                known: tuple[KnownFailure, ...] = ()) -> list[PassView]:
     """Every pass of ``run`` as the oracles see it: held to the cold pass of each reference run (``golden``,
@@ -34,6 +44,7 @@ def pass_views(run: WorkloadRun, references: Mapping[str, WorkloadRun], toleranc
             own["solo"] = run.solo
         views.append(PassView(workload=workload.name, name=name, requests=tuple(workload.requests), got=result,
                               traits=traits, references={**held_to, **own}, expected_cached=expected_cached(run, name),
+                              decode_cached=decode_cached(run, name),
                               tolerances=dict(tolerances), accept_band=band, known=known))
     return views
 

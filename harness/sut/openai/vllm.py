@@ -79,7 +79,8 @@ def judged_traits(traits: Traits, levels: Mapping[str, object], argv: Sequence[s
     arguments = asked(argv)
     arguments.update({name: applied[name] for name in SCHEDULED if name not in arguments})
     pressed = "num_gpu_blocks_override" in arguments
-    judging = {"cache": levels["cache"], "spec": levels["spec"], "kv_capacity": "tight" if pressed else "roomy"}
+    judging = {"cache": levels["cache"], "spec": levels["spec"], "kv_capacity": "tight" if pressed else "roomy",
+               "pd": levels["pd"], "model": levels["model"]}
     rule = cache_rule(judging, bool(applied["drops_eagle_block"]))
     judged = applied_traits(traits, read_back(arguments, applied), judging)
     return replace(judged, cache=replace(judged.cache, rule=rule), pressed=pressed,

@@ -11,6 +11,18 @@ Pressure: a freed block keeps its hash until it is handed out again, and the fre
 recently used first (``FreeKVCacheBlockQueue`` in ``vllm/v1/core/kv_cache_utils.py``; ``BlockPool
 ._maybe_evict_cached_block``), so in a cache too small for the workload any cached block may be gone when a later
 request looks it up: a hit is anything from nothing up to what the paged rule grants, never more.
+
+A NIXL pair on a Mamba hybrid: the client's cached tokens are the prefill side's hit (``pd.py``), and the prefill side
+serves each prompt less its last token (``_truncate_request_for_prefill`` in
+``vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py``, called from ``on_new_request``, before the
+prefix-cache lookup since vLLM PR #53523), whose hit in turn leaves one token to compute (``KVCacheManager
+.get_computed_blocks``: ``max_cache_hit_length = request.num_tokens - 1``): an (n·block + 1)-token prompt may hit one
+block fewer there than alone. The decode side looks its own cache up with the whole prompt, and reads from the
+prefill side only what lies past its hit and short of the last token (``NixlPullConnectorScheduler
+.get_num_new_matched_tokens``: ``_get_remote_prefill_token_count(len) - num_computed_tokens``, nothing when not
+positive): such a prompt, hit to its last token there, moves nothing at all, not even its Mamba state
+(``NixlPullConnectorWorker._read_blocks``: "Full prefix cache hit: do not need to read remote blocks, just notify P
+worker"). pd_audit holds the decode side to the inner rule (``decode_side``) and counts those requests' transfers.
 """
 from __future__ import annotations
 
@@ -20,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from fixtures.workloads import CachedExpectation, Workload
 from harness.sut.base import CacheRule, PassResult, Traits
 from harness.sut.rules import SHARED
+from reference_impl.request import RequestSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,3 +74,35 @@ class EvictedUnderPressure(_Adjusted):
 
     def adjust(self, expected: CachedExpectation) -> CachedExpectation:
         return replace(expected, lo=0, values=None, host=None, storage=None)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSideShort:
+    """A NIXL pair on a Mamba hybrid: the client sees the prefill side's hit, on each prompt less its last ``backoff``
+    tokens (``nixl_backoff``), by ``inner``; the decode side's own hit is ``inner``'s on the whole prompts."""
+
+    inner: CacheRule = field(default=SHARED)
+    backoff: int = 1
+    name: str = ("vLLM's NIXL prefill side serves a Mamba hybrid's prompt less its last token "
+                 "(vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py, _truncate_request_for_prefill, "
+                 "from on_new_request, before the prefix-cache lookup)")
+
+    @property
+    def decode_side(self) -> CacheRule:
+        """The rule the decode side's own prefix cache grants hits by: the whole prompt's."""
+        return self.inner
+
+    def expected(self, workload: Workload, traits: Traits, name: str,
+                 passes: Mapping[str, PassResult]) -> dict[str, CachedExpectation]:
+        """rid → the inner rule's allowed cached tokens on the prompts the prefill side serves."""
+        short = replace(workload, requests=tuple(shortened(r, self.backoff) for r in workload.requests))
+        return {rid: replace(e, basis=f"{self.name}; {e.basis}")
+                for rid, e in self.inner.expected(short, traits, name, passes).items()}
+
+
+def shortened(request: RequestSpec, backoff: int) -> RequestSpec:
+    """``request`` as vLLM's NIXL prefill side serves it: less its last ``backoff`` prompt tokens, where it has more
+    than that (``_truncate_request_for_prefill``: ``request.num_prompt_tokens > backoff``)."""
+    if not backoff or len(request.prompt) <= backoff:
+        return request
+    return replace(request, prompt=request.prompt[:-backoff])

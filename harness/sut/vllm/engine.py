@@ -25,7 +25,7 @@ from harness.sut.rules import SHARED
 from harness.sut.vllm import LEVELS
 from harness.sut.vllm.arguments import engine_arguments, read_back, replay_rule, tight_blocks, whole_drafts
 from harness.sut.vllm.connectors import ExampleConnectorTier, nixl_backoff
-from harness.sut.vllm.cache_rules import EagleDropsLastBlock, EvictedUnderPressure
+from harness.sut.vllm.cache_rules import EagleDropsLastBlock, EvictedUnderPressure, PrefillSideShort
 from harness.sut.vllm.pd import PdPair, PdSystem
 from harness.sut.vllm.protocol import (
     INSIDE_COUNTERS, SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, add_counters, add_inputs, audit_problems, field,
@@ -40,13 +40,16 @@ def cache_rule(levels: Mapping[str, object], drops_eagle_block: bool | None = No
     """The rule a vLLM cell's hits are judged by: a disk tier's, else one block fewer where vLLM drops the last matched
     block for an EAGLE head (``drops_eagle_block``: as read back from the engine; None: as the levels ask, spec =
     eagle without eagle_block_drop = off; vLLM drops it from the prefix cache's hit, not a connector's), then a
-    ceiling only in a tight KV cache; None for the shared paged rule."""
+    ceiling only in a tight KV cache, all on the prompts a NIXL pair's prefill side serves (a Mamba hybrid's one
+    token short: ``PrefillSideShort``); None for the shared paged rule."""
     if drops_eagle_block is None:
         drops_eagle_block = levels["spec"] == "eagle" and levels.get("eagle_block_drop", "on") == "on"
     rule = ExampleConnectorTier() if levels["cache"] == "storage" else None
     if drops_eagle_block and rule is None:  # the drop is the prefix cache's; a connector's hit keeps its block
         rule = EagleDropsLastBlock()
-    return EvictedUnderPressure(rule or SHARED) if levels["kv_capacity"] == "tight" else rule
+    rule = EvictedUnderPressure(rule or SHARED) if levels["kv_capacity"] == "tight" else rule
+    backoff = nixl_backoff(levels["model"] == "hybrid") if levels.get("pd", "off") == "nixl" else 0
+    return PrefillSideShort(rule or SHARED, backoff) if backoff else rule
 
 
 def vllm_traits(levels: Mapping[str, object], arguments: Mapping[str, object] | None = None) -> Traits:

@@ -214,3 +214,78 @@ def test_a_tiered_pairs_warm_pass_holds_the_decode_side_to_a_cold_pass() -> None
     assert checks(views) == set()
     views[1].got.pd["decode_cold"] = False  # judged as a warm decode cache, 160 is short of the 224 the tier implies
     assert checks(views) == {"decode hit"}
+
+
+# -- a NIXL pair on a Mamba hybrid: a request whose decode-side hit covers all but its last token reads nothing ----
+#: issue 44's cell (hybrid × NIXL × prefix cache, system_prompt, block 64 as vLLM applied it, Mamba state 20224 B):
+#: its warm pass, as measured (transfers, bytes, the decode side's hit and the client's hits), the rest as the
+#: checks that held in that run imply. sys-2 (65 tokens) hit 64 on the decode side: the 64 it would read were all
+#: there, so NIXL moved nothing for it, not even its state.
+HYBRID_WARM = {
+    "kind": "counted", "connector": "nixl", "emptied": True, "decode_cold": False, "block_size": 64,
+    "block_bytes": 32768, "state_bytes": 20224, "backoff": 1,
+    "prefill_hits": {"sys-0": 0, "sys-1": 0, "sys-2": 0, "sys-3": 64, "sys-4": 0, "sys-5": 0},
+    "prefill": {"local_compute": 295, "local_cache_hit": 64, "external_kv_transfer": 0, "prompt_tokens": 359,
+                "prefix_cache_hits": 64, "external_prefix_cache_queries": 295, "external_prefix_cache_hits": 0,
+                "nixl_failed_transfers": 0, "nixl_bytes": 0, "nixl_transfers": 0},
+    "decode": {"local_compute": 6, "local_cache_hit": 128, "external_kv_transfer": 231, "prompt_tokens": 365,
+               "prefix_cache_hits": 128, "external_prefix_cache_queries": 237, "external_prefix_cache_hits": 231,
+               "nixl_failed_transfers": 0, "nixl_bytes": 264960, "nixl_transfers": 5},
+}
+
+
+@pytest.fixture
+def hybrid_warm() -> list[PassView]:
+    """The warm pass with the expectations the judge gives it: the client's (the prefill side's, on prompts one token
+    short) and the decode side's own (whole prompts)."""
+    from fixtures.workloads import load_workload
+    from harness.sut.vllm import LEVELS
+    from harness.sut.vllm.engine import vllm_traits
+    from tests.harness.oracles.test_oracles import output
+
+    workload = load_workload("system_prompt")
+    traits = vllm_traits(LEVELS.full({"model": "hybrid", "pd": "nixl", "cache": "device", "page_size": 64}))
+    rule = traits.cache.rule
+    outputs = [output(r.rid, [1] * r.max_new_tokens, cached=HYBRID_WARM["prefill_hits"][r.rid])
+               for r in workload.requests]
+    warm = view(outputs, name="warm", workload="system_prompt", requested={r.rid: r.max_new_tokens for r in
+                workload.requests}, prompts={r.rid: r.prompt for r in workload.requests}, page_size=64, hybrid=True,
+                expected_cached=rule.expected(workload, traits, "warm", {}), pd_ledger=copy.deepcopy(HYBRID_WARM))
+    return [replace(warm, decode_cached=rule.decode_side.expected(workload, traits, "warm", {}))]
+
+
+def test_a_hybrid_request_hit_to_its_last_token_on_the_decode_side_moves_nothing(hybrid_warm: list[PassView]) -> None:
+    """vLLM's decode side reads the prompt but its last token less its own hit (``get_num_new_matched_tokens``), and
+    with nothing to read only notifies the prefill side (``_read_blocks``): 5 transfers and 5 states, not 6."""
+    verdict = ORACLES["pd_audit"](hybrid_warm)
+    assert verdict.status == "pass" and "5 transfer attempts" in verdict.message, verdict
+    from harness.oracles.pd_audit import nixl_reads
+
+    hits = hybrid_warm[0].decode_cached
+    assert nixl_reads({"sys-2": 65}, 1, hits) == (0, 0) and nixl_reads({"sys-3": 70}, 1, hits) == (1, 1)
+    assert nixl_reads({"sys-2": 65}, 0, hits) == (1, 1)  # a dense model's hit always leaves its last token to read
+
+
+@pytest.mark.parametrize(("change", "failed"), [
+    # a transfer (and its state) for sys-2 too: more than the decode side's hit leaves to read
+    (lambda led: led["decode"].update(nixl_transfers=6, nixl_bytes=264960 + 20224), {"transfers", "bytes"}),
+    # the transfers right, a state short
+    (lambda led: led["decode"].update(nixl_bytes=264960 - 20224), {"bytes"}),
+    # sys-2's block not hit on the decode side (read instead): its hit short of what the whole prompts imply, and
+    # so a transfer (with its state) more than a hit that covers it leaves
+    (lambda led: led["decode"].update(local_cache_hit=64, external_kv_transfer=295, external_prefix_cache_hits=295,
+                                      nixl_transfers=6, nixl_bytes=6 * 32768 + 6 * 20224),
+     {"decode hit", "transfers", "bytes"}),
+])
+def test_each_hybrid_check_fails_when_its_count_is_off(hybrid_warm: list[PassView], change, failed: set[str]) -> None:
+    change(hybrid_warm[0].got.pd)
+    assert checks(hybrid_warm) == failed
+
+
+def test_judged_as_the_client_sees_it_the_hybrid_decode_side_was_held_to_a_transfer_per_request(
+        hybrid_warm: list[PassView]) -> None:
+    """Without a decode side's own expectation the decode side is held to the client's hits: the failure issue 44's
+    cell showed before vLLM's rule was read ("transfers: expected 6, got 5") is what judging the decode side by the
+    prefill side's hits gives."""
+    whole = replace(hybrid_warm[0], decode_cached=None)
+    assert checks([whole]) >= {"decode hit", "transfers", "bytes"}

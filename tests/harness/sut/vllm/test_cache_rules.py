@@ -103,3 +103,55 @@ def test_cached_tokens_holds_a_vllm_cell_to_its_rule_and_fails_a_hit_above_it(le
     verdict = judged(above)
     assert verdict.status == "fail", verdict.message
     assert {f["request"] for f in verdict.detail} and all(traits.cache.rule.name in f["rule"] for f in verdict.detail)
+
+
+# -- a NIXL pair on a Mamba hybrid: the client sees the prefill side's hit, on prompts one token short -------------
+#: issue 44's cell (hybrid × NIXL, system_prompt, page 32 asked, 64 applied: vLLM raises the hybrid's block to hold a
+#: Mamba state's page). sys-2 has 65 prompt tokens: 64 on the prefill side, which can hit none of them.
+HYBRID_PD = {"model": "hybrid", "pd": "nixl", "cache": "device", "page_size": 64, "prefill_budget": 32}
+
+
+def test_a_hybrid_nixl_pairs_client_expects_the_prefill_sides_hit_on_prompts_one_token_short() -> None:
+    """vLLM's NIXL prefill side drops a Mamba hybrid's last prompt token before its prefix-cache lookup
+    (``_truncate_request_for_prefill``, from ``on_new_request``), and that lookup leaves one token to compute
+    (``get_computed_blocks``: ``request.num_tokens - 1``): a 65-token prompt whose 64-token block is cached hits
+    nothing there, while the decode side, which looks the whole prompt up, hits the block."""
+    from harness.sut.vllm.cache_rules import PrefillSideShort
+
+    traits = vllm_traits(LEVELS.full(HYBRID_PD))
+    rule = traits.cache.rule
+    assert isinstance(rule, PrefillSideShort) and rule.backoff == 1 and rule.decode_side is SHARED
+    workload = load_workload("system_prompt")
+    lengths = {r.rid: len(r.prompt) for r in workload.requests}
+    assert lengths["sys-2"] == 65 and lengths["sys-3"] == 70
+    client = {rid: (e.lo, e.hi) for rid, e in rule.expected(workload, traits, "warm", {}).items()}
+    decode = {rid: (e.lo, e.hi) for rid, e in rule.decode_side.expected(workload, traits, "warm", {}).items()}
+    assert client == {"sys-0": (0, 0), "sys-1": (0, 0), "sys-2": (0, 0), "sys-3": (64, 64), "sys-4": (0, 0),
+                      "sys-5": (0, 0)}
+    assert decode == {**client, "sys-2": (64, 64)}
+    assert all("_truncate_request_for_prefill" in e.basis for e in rule.expected(workload, traits, "cold", {}).values())
+
+
+def test_the_hybrid_nixl_cells_warm_pass_as_measured_meets_the_clients_rule() -> None:
+    """The cell's warm pass as vLLM served it (the client saw 64 for sys-3 alone, the prefill side's hits) passes
+    cached_tokens; the paged rule on whole prompts, which it was judged by before, expected 64 for sys-2 too."""
+    traits, workload = vllm_traits(LEVELS.full(HYBRID_PD)), load_workload("system_prompt")
+    measured = {r.rid: 64 if r.rid == "sys-3" else 0 for r in workload.requests}
+    outputs = [output(r.rid, [1] * r.max_new_tokens, cached=measured[r.rid]) for r in workload.requests]
+
+    def judged(rule):
+        allowed = rule.expected(workload, traits, "warm", {})
+        return ORACLES["cached_tokens"]([view(outputs, expected_cached=allowed, page_size=64)])
+
+    assert judged(traits.cache.rule).status == "pass"
+    before = judged(SHARED)
+    assert before.status == "fail" and [(f["request"], f["expected"]) for f in before.detail] == [("sys-2", "64")]
+
+
+def test_only_a_hybrid_over_nixl_is_judged_on_shortened_prompts() -> None:
+    from harness.sut.vllm.cache_rules import PrefillSideShort
+
+    assert vllm_traits(LEVELS.full({**HYBRID_PD, "model": "dense"})).cache.rule is None
+    assert vllm_traits(LEVELS.full({**HYBRID_PD, "pd": "off"})).cache.rule is None
+    pressed = vllm_traits(LEVELS.full({**HYBRID_PD, "kv_capacity": "tight"})).cache.rule
+    assert isinstance(pressed, PrefillSideShort) and isinstance(pressed.inner, EvictedUnderPressure)
