@@ -234,6 +234,7 @@ def test_a_tight_pair_sizes_both_engines_from_the_workload_and_is_replaced_for_a
         def __init__(self, level: str, arguments: dict, env: dict, backoff: int, levels: dict) -> None:
             started.append(arguments)
             self.closed = False
+            self.started = {"decode": {"applied": {}}}  # the decode side's start answer: nothing read back
 
         def reset(self) -> bool:
             return True
