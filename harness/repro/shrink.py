@@ -15,7 +15,7 @@ and ``harness repro`` takes it as the row recorded it.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from fixtures.workloads import Workload
@@ -63,14 +63,20 @@ class Shrunk:
 
     def text(self) -> str:
         """``requests 12 → 2, rounds 1 → 1, prompt tokens 480 → 23, decoded tokens 96 → 2; 37 of 58 runs``."""
-        names = ("requests", "rounds", "prompt tokens", "decoded tokens")
-        sizes = ", ".join(f"{n} {a} → {b}" for n, a, b in zip(names, self.before.as_tuple(), self.after.as_tuple()))
-        return f"{sizes}; {self.runs} of {self.budget} runs"
+        return shrink_text(self.to_json())
 
     def to_json(self) -> dict:
         names = ("requests", "rounds", "prompt_tokens", "decoded_tokens")
         return {"before": dict(zip(names, self.before.as_tuple())), "after": dict(zip(names, self.after.as_tuple())),
                 "runs": self.runs, "budget": self.budget}
+
+
+def shrink_text(shrink: Mapping) -> str:
+    """A shrink as ``Shrunk.to_json`` (or a finding.json) holds it, as one line."""
+    names = {"requests": "requests", "rounds": "rounds", "prompt_tokens": "prompt tokens",
+             "decoded_tokens": "decoded tokens"}
+    sizes = ", ".join(f"{text} {shrink['before'][key]} → {shrink['after'][key]}" for key, text in names.items())
+    return f"{sizes}; {shrink['runs']} of {shrink['budget']} runs"
 
 
 @dataclass(frozen=True, slots=True)

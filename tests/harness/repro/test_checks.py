@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.repro.scripts.text import assemble, check_definitions
+from harness.repro.scripts.text import assemble
 from harness.repro.standalone import checks, reference, vllm
 from harness.sut import weights
 from harness.sut.host import KERNEL_FLAGS, cpu_flags
@@ -104,18 +104,16 @@ def test_every_oracle_a_script_judges_has_a_check() -> None:
                                   "accept_length", "pd_audit", "error"}
 
 
-@pytest.mark.parametrize("module, allowed", [(checks, {"pathlib", "typing"}), (reference, {"reference_impl"}),
-                                             (weights, {"torch", "safetensors", "json", "pathlib"}),
-                                             (vllm, {"vllm", "json", "os", "signal", "socket", "subprocess", "sys",
-                                                     "tempfile", "pathlib", "importlib"})])
-def test_the_standalone_code_imports_nothing_of_kvmatrix(module, allowed: set[str]) -> None:
+@pytest.mark.parametrize("module, engine", [(checks, set()), (reference, {"reference_impl"}),
+                                            (weights, {"torch", "safetensors"}), (vllm, {"vllm"})])
+def test_the_standalone_code_imports_nothing_of_kvmatrix(module, engine: set[str]) -> None:
     """What a script copies in imports the standard library and its engine alone."""
     tree = ast.parse(inspect.getsource(module))
     names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
              for alias in node.names}
     names |= {node.module.split(".")[0] for node in ast.walk(tree)  # a sibling's definitions are copied in beside
               if isinstance(node, ast.ImportFrom) and not node.level}
-    assert names - allowed <= {"__future__", "math", "uuid", "dataclasses"}, names
+    assert names - engine <= set(sys.stdlib_module_names), names - engine - set(sys.stdlib_module_names)
 
 
 def test_the_inline_dense_recipe_is_the_checkpoint_the_engines_serve(tmp_path) -> None:
@@ -134,27 +132,52 @@ def test_the_inline_dense_recipe_is_the_checkpoint_the_engines_serve(tmp_path) -
     assert all(torch.equal(written[name], exported[name]) for name in exported)
 
 
-@pytest.mark.parametrize("cpuinfo, status", [(AMX_XEON, 0), (AMD_EPYC, checks.CANNOT_SHOW)])
-def test_a_finding_that_needs_amx_cannot_show_on_a_cpu_without_it(tmp_path: Path, capsys, cpuinfo: str,
-                                                                   status: int) -> None:
-    """Recorded cpuinfo of both kinds: the AMX Xeon runs the settings (0), the EPYC says it cannot, naming the flag."""
+@pytest.mark.parametrize("cpuinfo, judged", [(AMX_XEON, True), (AMD_EPYC, False)])
+def test_a_finding_that_needs_amx_cannot_be_judged_on_a_cpu_without_it(tmp_path: Path, capsys, cpuinfo: str,
+                                                                       judged: bool) -> None:
+    """Recorded cpuinfo of both kinds: the AMX Xeon runs the settings, the EPYC exits 2, one line naming the flag."""
     (tmp_path / "cpuinfo").write_text(cpuinfo)
-    assert checks.cannot_show(["amx_int8", "amx_tile"], str(tmp_path / "cpuinfo")) == status
-    said = capsys.readouterr().out
-    assert ("CANNOT SHOW HERE" in said and "lacks amx_int8 amx_tile" in said) == bool(status), said
+    if judged:
+        checks.require([], "", ["amx_int8", "amx_tile"], str(tmp_path / "cpuinfo"))
+    else:
+        with pytest.raises(SystemExit) as exited:
+            checks.require([], "", ["amx_int8", "amx_tile"], str(tmp_path / "cpuinfo"))
+        assert exited.value.code == checks.CANNOT_JUDGE
+    said = capsys.readouterr().err
+    assert (said.startswith(checks.CANNOT_JUDGE_LINE) and "lacks amx_int8 amx_tile" in said) == (not judged), said
 
 
-def test_a_script_on_a_host_without_its_flag_exits_cannot_show_before_running_anything(tmp_path: Path) -> None:
-    """The gate a script is assembled with, run as a script: a flag this machine lacks stops it with 3 and one line;
-    one it has (or none asked) lets ``main`` run."""
+def test_a_missing_package_cannot_be_judged_and_names_the_install_line(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        checks.require(["json", "no_such_module_here"], "pip install it", [])
+    said = capsys.readouterr().err
+    assert exited.value.code == checks.CANNOT_JUDGE
+    assert "no_such_module_here not installed" in said and "json" not in said.split("not installed")[0]
+    assert said.rstrip().endswith("install: pip install it") and said.count("\n") == 1
+
+
+def test_an_exception_of_the_scripts_own_cannot_be_judged(capsys) -> None:
+    """Not 1 ("bug present"): whatever the script itself raised says nothing of the bug."""
+    def broken() -> int:
+        raise KeyError("prefill")
+    with pytest.raises(SystemExit) as exited:
+        checks.judged(broken)
+    said = capsys.readouterr().err
+    assert exited.value.code == checks.CANNOT_JUDGE and "Traceback" in said
+    assert f"{checks.CANNOT_JUDGE_LINE} the script itself raised KeyError" in said
+    assert checks.judged(lambda: 1) == 1 and checks.judged(lambda: 0) == 0
+
+
+def test_a_script_on_a_host_without_its_flag_exits_2_before_running_anything(tmp_path: Path) -> None:
+    """The gate a script is assembled with, run as a script: a flag this machine lacks stops it with 2 and one line
+    before anything beside the standard library is imported; one it has (or none asked) lets ``main`` run."""
     lacking = next(flag for flag in KERNEL_FLAGS if flag not in cpu_flags())  # sve on x86, avx512f on Arm
-    sources = [source for _, source in check_definitions()]
-    imports = {"import sys", *(line for lines, _ in check_definitions() for line in lines)}
     main = "def main():\n    print('RAN')\n    return 1"
-    for needs, status in (([lacking], checks.CANNOT_SHOW), (sorted(cpu_flags() & set(KERNEL_FLAGS))[:1], 1), ([], 1)):
+    for needs, status in (([lacking], checks.CANNOT_JUDGE), (sorted(cpu_flags() & set(KERNEL_FLAGS))[:1], 1),
+                          ([], 1)):
         script = tmp_path / "repro.py"
-        script.write_text(assemble('"""doc"""', imports, [], sources, main, needs))
+        script.write_text(assemble('"""doc"""', set(), [], [], main, [], ["pip install nothing"], needs))
         done = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=60)
         assert done.returncode == status, (needs, done.stdout, done.stderr)
-        assert ("RAN" in done.stdout) == (status == 1) and ("NEEDS_CPU" in script.read_text()) == bool(needs)
-        assert (f"lacks {lacking}" in done.stdout) == (status == checks.CANNOT_SHOW), done.stdout
+        assert ("RAN" in done.stdout) == (status == 1)
+        assert (f"lacks {lacking}" in done.stderr) == (status == checks.CANNOT_JUDGE), done.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli.main import main
+from harness.repro.report import REPORT, render
 from reference_impl.faults import PRIORITY_SCHEDULER_DROP, SPEC_FINISH_PAGE_LEAK, Fault
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -65,13 +66,14 @@ def test_repro_writes_a_finding_folder_with_a_smaller_workload(finding: tuple[Ca
     assert record["check"] == case.fault.oracle and record["toggle"] == case.toggle
     before, after = record["shrink"]["before"], record["shrink"]["after"]
     assert after != before and all(after[k] <= before[k] for k in before)
-    assert record["shrink"]["runs"] <= 10 and record["script_exit"] == 1
+    assert record["shrink"]["runs"] <= 10 and record["measured"]["exit"] == 1 and record["measured"]["seconds"] > 0
     assert record["command"].endswith(f"--oracle {case.fault.oracle}")  # the command says which oracle it kept
     report = (folder / "REPORT.md").read_text()
     for section in ("## What", "## How to reproduce", "## Expected", "## Actual", "## Environment", "## Cause",
                     "## Upstream status"):
         assert section in report
     assert case.fault.incident in report
+    assert render(folder)[REPORT] == report  # the folder renders again from its data alone
 
 
 def test_the_script_runs_without_kvmatrix_and_exits_one_with_the_fault(finding: tuple[Case, Path],
