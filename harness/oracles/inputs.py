@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.oracles.view import Oracle, PassView, verdict
+from harness.oracles.view import MAX_FINDINGS, Oracle, PassView, verdict
 from harness.results.rows import Verdict
 from harness.sut.base import PassResult
 
@@ -42,10 +42,16 @@ def judge(views: Sequence[PassView]) -> Verdict:
     if not counted:
         return Verdict("inputs", "skip", "no pass compared the inputs it handed the engine")
     shown = "; ".join(f"{call}: {n} requests ({where})" for (call, where), n in counted.items())
-    return verdict("inputs", findings, f"every input left as handed: {shown}",
-                   lambda f: f"{len(f)} input change(s); first: {f[0]['workload']}/{f[0]['pass']} {f[0]['call']} "
-                             f"request {f[0]['request']}: {f[0]['field']} was {f[0]['before']}, after the call "
-                             f"{f[0]['after']}", views)
+    return verdict("inputs", findings, f"every input left as handed: {shown}", failed, views)
+
+
+def failed(findings: list[dict]) -> str:
+    """How many inputs changed, in which calls and fields (a row shows only the first findings), and the first."""
+    first, fields = findings[0], list(dict.fromkeys(f"{f['call']} {f['field']}" for f in findings))
+    named = "; ".join(fields[:MAX_FINDINGS]) + (f"; {len(fields) - MAX_FINDINGS} more fields" if len(fields) > MAX_FINDINGS else "")
+    return (f"{len(findings)} input change(s) in {named}; first: {first['workload']}/{first['pass']} "
+            f"{first['call']} request {first['request']}: {first['field']} was {first['before']}, after the call "
+            f"{first['after']}")
 
 
 ORACLE = Oracle("inputs", FAILS_WHEN, judge)
