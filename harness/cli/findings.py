@@ -32,7 +32,7 @@ def differing(folder: Path) -> list[Path]:
 def cmd_findings(args: argparse.Namespace) -> int:
     if args.lists:
         for target in TARGETS:
-            print(f"{target.path}:\n{list_text(listed(), target.link, target.engines)}\n")
+            print(f"{target.path}:\n{list_text(listed(), target)}\n")
         return 0
     chosen = folders(args.names)
     try:

@@ -119,7 +119,7 @@ def _install_and_run(finding: Mapping, writer: ScriptWriter, name: str) -> list[
     took = (f"It took {measured['seconds']:.0f} s here ({measured['at']}, load {measured['load']}, {measured['host']}) "
             f"and exited {measured['exit']}." if measured else "Not timed yet.")
     return [
-        f"Install ({finding['engine_version']}), in an empty folder:", "", "```sh", *writer.install(script), "```", "",
+        f"Install {finding['engine_version']} in an empty folder:", "", "```sh", *writer.install(script), "```", "",
         f"Render `{SCRIPT}` into this folder from a kvmatrix checkout (`python -m harness findings {name}`; the script "
         "imports nothing of kvmatrix) and run it there:", "",
         "```sh", type(command)(tuple(argv), command.env).text(), "```", "",
