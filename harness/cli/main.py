@@ -22,6 +22,7 @@ from harness.cli.tables import add_table_commands
 from harness.cli.triage import TriageInputError, add_triage_commands
 from harness.matrix.covering import Covering
 from harness.matrix.file import named_matrix
+from harness.matrix.masking import NetCoverage, net_coverage
 from harness.matrix.model import (
     Cell, MatrixError, coverage, generate, generate_certified, level_token, lower_bound, ofat_coverage,
 )
@@ -68,21 +69,49 @@ def cmd_list(args: argparse.Namespace) -> int:
     else:
         t = matrix.strength if matrix.mode == "t-wise" else min(2, len(matrix.factors))
         report = coverage(matrix, cells, t)
-        print(f"{len(cells)} cells ({matrix.mode}{f', t={matrix.strength}' if matrix.mode == 't-wise' else ''})")
-        print(certificate_line(len(cells), t, lower_bound(matrix, t), certificate))
+        array = len(cells) if certificate is None else len(certificate.rows)
+        added = f": {array} of the covering array, {len(cells) - array} added net of masking" if array < len(cells) else ""
+        print(f"{len(cells)} cells ({matrix.mode}{f', t={matrix.strength}' if matrix.mode == 't-wise' else ''}){added}")
+        print(certificate_line(array, t, lower_bound(matrix, t), certificate))
         groups = "".join(f" + {s}-tuples of {', '.join(names)}" for names, s in matrix.stronger)
         what = f"{report.required} allowed {t}-tuples{groups}"
     if matrix.cost:
         print(f"total cost {math.fsum(matrix.cost_of(cell) for cell in cells):g} "
               f"([cost] per cell: sum of its levels' costs, unlisted levels 1)")
     label = "ofat" if matrix.mode == "ofat" else f"t={report.strength}"
+    net = net_coverage(matrix, cells, None if matrix.mode == "ofat" else report.strength)
     if matrix.mode == "cells" and not report.ok:
-        left = ", ".join("+".join(f"{factor}:{level_token(level)}" for factor, level in ttuple) for ttuple in report.missing)
+        left = ", ".join(tuple_text(ttuple) for ttuple in report.missing)
         print(f"coverage {label}: {report.covered}/{what} covered: {len(report.missing)} left out by [[cells]]: {left}")
-        return 0
-    state = "OK" if report.ok else f"MISSING {len(report.missing)}"
-    print(f"coverage {label}: {report.covered}/{what} covered: {state}")
-    return 0 if report.ok else 1
+    else:
+        print(f"coverage {label}: {report.covered}/{what} covered: {'OK' if report.ok else f'MISSING {len(report.missing)}'}")
+    print_net_coverage(label, net, len(cells), matrix.mode == "cells")
+    return 0 if matrix.mode == "cells" or (report.ok and net.ok) else 1
+
+
+def print_net_coverage(label: str, net: NetCoverage, cells: int, chosen: bool) -> None:
+    """``list``'s coverage net of masking: what the judged cells hold, the tuples only masked cells hold (those no
+    judged cell can, then, in mode ``cells``, those the choice leaves to masked cells; elsewhere the generator adds
+    cells for them), each under the ``[[expected]]`` entries that mask it."""
+    state = "OK" if net.ok else f"{len(net.gaps)} left to masked cells by [[cells]]" if chosen else f"MISSING {len(net.gaps)}"
+    print(f"coverage {label} net of masking: {net.net.covered}/{net.plain.required} held by a judged cell "
+          f"({net.masked_cells} of {cells} cells masked whole by [[expected]]): {state}")
+    for title, tuples in (("no judged cell can hold", net.masked), ("only masked cells hold", net.gaps)):
+        by_numbers: dict[tuple[int, ...], list[str]] = {}
+        for ttuple, numbers in tuples:
+            by_numbers.setdefault(numbers, []).append(tuple_text(ttuple))
+        for numbers, texts in sorted(by_numbers.items()):
+            print(f"  {title}: masked by [[expected]] {' and '.join(f'#{n}' for n in numbers)} ({len(texts)}): "
+                  f"{', '.join(texts)}")
+    if net.oracles_excused:
+        print(f"  {net.oracles_excused} judged cells have an oracle excused whole (an [[expected]] entry with no "
+              f"signature): judged by their other oracles, they count as judged")
+
+
+def tuple_text(ttuple: Sequence[tuple[str, object]]) -> str:
+    """A tuple as ``list`` prints it: ``model:hybrid+cache:device`` (levels as in cell ids; ofat's tuple of no
+    level, the golden cell: ``golden``)."""
+    return "+".join(f"{factor}:{level_token(level)}" for factor, level in ttuple) or "golden"
 
 
 def certificate_line(cells: int, t: int, counting: int, certificate: Covering | None) -> str:
