@@ -168,7 +168,9 @@ def report_text(name: str, finding: Mapping, notes: Notes) -> str:
     sections += [f"## {heading}\n{body}" for heading, body in own.items() if heading != "Provenance"]
     if script is not None:
         provenance = (f"Cell `{finding['cell_id']}` ({finding['status']}) of run `{finding['run_id']}`, matrix "
-                      f"`{finding['matrix']}`; written by `{finding['command']}`.")
+                      f"`{finding['matrix']}`; written by `{finding['command']}`."
+                      + (f" The script exited {finding['script_exit']} when written." if finding.get("script_exit")
+                         is not None else ""))
         sections.append("## Provenance\n" + "\n\n".join(p for p in (provenance, own.get("Provenance")) if p))
     elif own.get("Provenance"):
         sections.append(f"## Provenance\n{own['Provenance']}")
@@ -266,6 +268,7 @@ def finding_data(repro: Reproducer, writer: ScriptWriter, ran: Ran | None) -> di
             "faults": sorted(repro.plan.faults), "workload": repro.shrunk.workload.name,
             "shrink": repro.shrunk.to_json(), "finding": harness_finding, "expected": expected, "actual": actual,
             "environment": environment_lines, "upstream": _upstream(repro), "measured": ran and ran.measured,
+            "script_exit": ran and ran.status,
             "script": writer.data(repro)}
 
 
