@@ -21,7 +21,7 @@ from harness.matrix.covering.net import judged_space
 from harness.matrix.covering.space import FREE
 from harness.matrix.known import Mask, matches
 from harness.matrix.model import (
-    Cell, CoverageReport, Matrix, changed, coverage, index_constraints, level_index, mask_clauses, ofat_coverage,
+    Cell, CoverageReport, Matrix, changed, coverage, index_clauses, index_constraints, level_index, ofat_coverage,
 )
 
 #: a tuple as ``coverage`` names it: ((factor, level), ...)
@@ -63,7 +63,7 @@ def net_coverage(matrix: Matrix, cells: Sequence[Cell], t: int | None) -> NetCov
     else:
         plain, net = coverage(matrix, cells, t), coverage(matrix, judged, t)
     unheld = set(plain.missing)
-    judgeable = judged_space(index_constraints(matrix), mask_clauses(matrix, found))
+    judgeable = judged_space(index_constraints(matrix), index_clauses(matrix, [mask.when for mask in found]))
     masked, gaps = [], []
     for ttuple in (ttuple for ttuple in net.missing if ttuple not in unheld):
         if t is None:  # a change off golden has one cell, and it is masked
@@ -92,6 +92,6 @@ def _masking(matrix: Matrix, found: Sequence[Mask], ttuple: Named) -> tuple[int,
     (masks that do it only together) every mask an allowed cell holding it can match."""
     partial = _partial(matrix, ttuple)
     alone = [mask for mask in found
-             if not judged_space(index_constraints(matrix), mask_clauses(matrix, [mask])).extendable(partial)]
+             if not judged_space(index_constraints(matrix), index_clauses(matrix, [mask.when])).extendable(partial)]
     together = alone or [mask for mask in found if all(level in mask.when.get(f, (level,)) for f, level in ttuple)]
     return tuple(sorted({number for mask in together for number in mask.numbers}))

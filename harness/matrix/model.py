@@ -20,15 +20,12 @@ from types import MappingProxyType
 from harness import oracles
 from harness.matrix import covering
 from harness.matrix.covering import net
+from harness.matrix.errors import MatrixError, matrix_error, shown_path
 from harness.matrix.known import Expected, Mask, Tolerance, masks, matches
 from harness.sut.host import cpu_flags
 
 MODES = ("full", "t-wise", "ofat", "cells")
 _ABSENT = object()
-
-
-class MatrixError(ValueError):
-    """A matrix file (or a request made of it) is invalid; the message is one line naming the input."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,16 +249,11 @@ def _net_of_masking(matrix: Matrix, rows: Sequence[covering.Row]) -> list[coveri
     by one: a cell ``[[expected]]`` masks whole is judged by no oracle, so the tuples it alone held were covered by
     nothing that can fail (``harness.matrix.covering.net``). The array's own cells keep their places and ids."""
     assert matrix.strength is not None
-    clauses = mask_clauses(matrix, matrix.masks())
+    clauses = index_clauses(matrix, [mask.when for mask in matrix.masks()])
     if not clauses:
         return []
     return net.extend(rows, _domains(matrix), matrix.strength, index_constraints(matrix), clauses,
                       stronger_groups(matrix), matrix.search_moves).added
-
-
-def mask_clauses(matrix: Matrix, found: Sequence[Mask]) -> list[dict[int, list[int]]]:
-    """``found`` as clauses on level indices (``harness.matrix.covering.net``'s form)."""
-    return _index_clauses(matrix, [mask.when for mask in found])
 
 
 def coverage(matrix: Matrix, cells: Sequence[Cell], t: int) -> CoverageReport:
@@ -350,10 +342,10 @@ def stronger_groups(matrix: Matrix) -> list[tuple[tuple[int, ...], int]]:
 
 def index_constraints(matrix: Matrix) -> covering.Forbidden:
     """``matrix.allows`` on level indices, as clauses the generator can also judge partial rows by."""
-    return covering.Forbidden(_domains(matrix), _index_clauses(matrix, [c.forbid for c in matrix.constraints]))
+    return covering.Forbidden(_domains(matrix), index_clauses(matrix, [c.forbid for c in matrix.constraints]))
 
 
-def _index_clauses(matrix: Matrix, patterns: Sequence[Mapping[str, tuple[object, ...]]]) -> list[dict[int, list[int]]]:
+def index_clauses(matrix: Matrix, patterns: Sequence[Mapping[str, tuple[object, ...]]]) -> list[dict[int, list[int]]]:
     """Cell patterns (factor → levels) as clauses on factor positions and level indices."""
     positions = {factor: i for i, (factor, _) in enumerate(matrix.factors)}
     return [{positions[f]: [level_index(matrix.factors[positions[f]][1], lv) for lv in levels]
@@ -385,20 +377,6 @@ def _one_factor_at_a_time(matrix: Matrix) -> list[Cell]:
             if matrix.allows(cell.as_dict()):
                 cells.append(cell)
     return cells
-
-
-def shown_path(path: Path) -> str:
-    """``path`` relative to the working directory when it is under it (shorter messages)."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def matrix_error(path: Path, key: str, message: str) -> MatrixError:
-    """A one-line ``MatrixError``: ``<file>: <key>: <message>`` (no key for whole-file problems)."""
-    text = f"{shown_path(path)}: {key}: {message}" if key else f"{shown_path(path)}: {message}"
-    return MatrixError(" ".join(text.splitlines()))
 
 
 def check_strength(matrix: Matrix, t: object, key: str) -> None:
