@@ -81,6 +81,17 @@ cache = ["off"]
 """
 
 
+#: what vLLM 0.32 does to every offline caller's SamplingParams (the inputs oracle; matrices/vllm.toml declares it)
+OUTPUT_KIND = """
+[[expected]]
+when = { cache = ["off", "device", "storage"] }
+fails = "inputs"
+signature = { field = "sampling_params.output_kind" }
+class = "engine bug"
+reason = "LLM._add_request sets the caller's SamplingParams.output_kind in place"
+"""
+
+
 def vllm_cell(tmp_path: Path, factors: str = "", timeout: float = 120, extra: str = ""):
     path = tmp_path / "v.toml"
     path.write_text(MATRIX.format(timeout=timeout, factors=factors) + extra)
@@ -332,7 +343,7 @@ def test_fp8_kv_judged_bitwise_fails_and_passes_with_its_declared_tolerance(tmp_
     assert bitwise.status == "fail" and {"tokens", "logprobs"} & bitwise.failed(), bitwise.oracles
     matrix, cell = vllm_cell(tmp_path, 'kv_cache_dtype = ["fp8"]', extra=(
         '[[tolerances]]\nwhen = { kv_cache_dtype = "fp8" }\nlogprobs = 0.5\ntie = 0.5\n'
-        'reason = "fp8 KV rounds every cached key and value"\n'))
+        'reason = "fp8 KV rounds every cached key and value"\n' + OUTPUT_KIND))
     tolerant = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
     assert tolerant.status == "pass", {n: v.message for n, v in tolerant.oracles.items() if v.status == "fail"}
     assert tolerant.metrics["tolerances"] == {"logprobs": 0.5, "tie": 0.5}
@@ -384,7 +395,8 @@ def test_the_exported_dense_model_agrees_with_the_reference_engine(tmp_path: Pat
     workloads vllm_smoke does not run (its cells hold the other three to the same verdict)."""
     needs_vllm()
     path = tmp_path / "v.toml"
-    path.write_text(MATRIX.format(timeout=600, factors="").replace('["pair"]', '["multi_turn", "long_prompts"]'))
+    path.write_text(MATRIX.format(timeout=600, factors="").replace('["pair"]', '["multi_turn", "long_prompts"]')
+                    + OUTPUT_KIND)
     matrix = load_matrix(str(path))
     (cell,) = generate(matrix)
     result = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
@@ -425,7 +437,7 @@ def test_a_storage_cells_warm_pass_loads_from_the_tier_and_its_directory_goes_wi
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the tier's directory is made here, and must go
     path = tmp_path / "v.toml"
     path.write_text(MATRIX.format(timeout=600, factors="page_size = [32]").replace('cache = ["off"]', 'cache = ["storage"]')
-                    .replace('["pair"]', '["system_prompt"]'))
+                    .replace('["pair"]', '["system_prompt"]') + OUTPUT_KIND)
     matrix = load_matrix(str(path))
     result = run_cell(matrix, generate(matrix)[0], faults=frozenset(), goldens=goldens)
     assert result.status == "pass", {n: v.message for n, v in result.oracles.items() if v.status == "fail"}
