@@ -20,7 +20,7 @@ from types import MappingProxyType
 from harness import oracles
 from harness.matrix import covering
 from harness.matrix.covering import net
-from harness.matrix.errors import MatrixError, matrix_error, shown_path
+from harness.matrix.errors import MatrixError as MatrixError, matrix_error, shown_path as shown_path  # re-exported
 from harness.matrix.known import Expected, Mask, Tolerance, masks, matches
 from harness.sut.host import cpu_flags
 

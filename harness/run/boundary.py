@@ -11,7 +11,6 @@ Hypothesis replays it first the next time that cell draws. The row records every
 from __future__ import annotations
 
 import hashlib
-import random
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from harness import sut

@@ -32,7 +32,7 @@ from reference_impl.config import DENSE32, ModelConfig
 from reference_impl.model.hf_names import hf_parameters
 from reference_impl.model.tiny_lm import load_model
 
-from .weights import eagle_head, hybrid_tensors, scaled_randn
+from .weights import eagle_head, hybrid_tensors
 
 #: environment variable that moves the checkpoint cache.
 CACHE_ENV = "KVMATRIX_CHECKPOINTS"

@@ -228,7 +228,7 @@ class StaticPools:
 
     def transfer_geometry(self, regions: RegionTable) -> PoolGeometry:
         """Where every layer's pages and state slots lie, for a transfer engine (the K, V and state tensors)."""
-        return PoolGeometry.of([self.kv_views(l) for l in range(self._k.shape[0])],
+        return PoolGeometry.of([self.kv_views(layer) for layer in range(self._k.shape[0])],
                                [self.state_views(m) for m in range(self._conv.shape[0])], regions)
 
     def check_integrity(self) -> None:

@@ -41,7 +41,7 @@ class KVPart:
     draft_layers: tuple[int, ...] = ()
 
     def moving(self, with_draft: bool) -> tuple[int, ...]:
-        return self.layers if with_draft else tuple(l for l in self.layers if l not in self.draft_layers)
+        return self.layers if with_draft else tuple(layer for layer in self.layers if layer not in self.draft_layers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ def kv_parts(pools: EnginePools, proposer: Proposer, regions: RegionTable) -> tu
     for pool in pools.pools:
         geometry = pool.transfer_geometry(regions)
         layers = tuple(range(len(geometry.kv)))
-        parts.append(KVPart(geometry, layers, tuple(l for l in layers if (id(pool), l) in draft)))
+        parts.append(KVPart(geometry, layers, tuple(layer for layer in layers if (id(pool), layer) in draft)))
     return tuple(parts)
 
 

@@ -8,7 +8,6 @@ import pytest
 from fixtures.workloads import load_workload
 from harness.sut.vllm import LEVELS
 from harness.sut.vllm.arguments import engine_arguments
-from harness.sut.vllm import LEVELS
 from harness.sut.vllm.connectors import ExampleConnectorTier, example_tier_hit, nixl_backoff, pd_config, tier_config
 from harness.sut.vllm.engine import vllm_traits
 

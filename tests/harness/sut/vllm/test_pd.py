@@ -9,7 +9,6 @@ another request's ``kv_transfer_params``) fails tokens.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
