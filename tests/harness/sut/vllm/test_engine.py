@@ -359,7 +359,8 @@ def test_a_tight_hybrid_cell_starts_with_the_blocks_vllm_counts_for_its_mamba_st
     # prefix caching keeps Mamba states at block boundaries (mamba_cache_mode "align": 2 + more pages a request), which
     # no count of attention pages holds: system_prompt's 5 blocks at page 32 were refused ("... 96" for 128)
     path = tmp_path / "v.toml"
-    path.write_text(MATRIX.format(timeout=600, factors='model = ["hybrid"]\nkv_capacity = ["tight"]\nprefill_budget = [16]')
+    factors = 'model = ["hybrid"]\nkv_capacity = ["tight"]\nprefill_budget = [16]'
+    path.write_text(MATRIX.format(timeout=600, factors=factors)
                     .replace('cache = ["off"]', 'cache = ["device"]').replace('["pair"]', '["system_prompt"]')
                     + OUTPUT_KIND)
     matrix = load_matrix(str(path))
