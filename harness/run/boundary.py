@@ -3,8 +3,8 @@ Hypothesis and served on its live engine, beside its references; a failing draw 
 
 The engines are the cell's own, brought up once (``harness.run.trial.Engines``): each draw is one run of the cell
 and of its references on that draw, judged by every oracle as a fixed workload is. A Hypothesis test drives it: at
-most ``draws`` draws (the strategy's simplest, the same on every cell, left out), seeded by the cell id (``--cell``
-draws the same), then the shrink of the first that fails, while the same check fails, within ``shrink_runs`` runs. The example database
+most ``draws`` draws (its ``max_examples``), seeded by the cell id (``--cell`` draws the same), then the shrink of
+the first that fails, while the same check fails, within ``shrink_runs`` runs. The example database
 (``examples_db``: the report directory's, or one a nightly keeps) holds the shrunk draw under the cell's key, and
 Hypothesis replays it first the next time that cell draws. The row records every draw's shapes and verdict.
 """
@@ -114,30 +114,6 @@ class Explored:
                 "shrink_runs": self.shrink_runs, "seconds": round(self.seconds, 4)}
 
 
-class _Budget:
-    """Which draws of Hypothesis's generate phase a cell serves: at most ``draws``, never the strategy's simplest.
-
-    Hypothesis tries the simplest draw first (one shape at its least: one page, one token decoded), before any drawn
-    from the cell's seed: the same workload on every cell of a page size, which a cell drawing once would spend its
-    one draw on. A replay from the example database and a shrink candidate are always served (a shrink may end there).
-    """
-
-    def __init__(self, seams: Seams, settings: BoundarySettings) -> None:
-        from hypothesis import find
-        from hypothesis import settings as hypothesis_settings
-
-        self.simplest = find(draws(seams, settings.shapes), lambda draw: True,
-                             settings=hypothesis_settings(database=None, max_examples=1))
-        self.draws, self.drawn = settings.draws, 0
-
-    def admits(self, draw: Draw) -> bool:
-        """Whether a generated ``draw`` is served (counted when it is)."""
-        if draw == self.simplest or self.drawn >= self.draws:
-            return False
-        self.drawn += 1
-        return True
-
-
 class _Search:
     """Hypothesis's condition on one cell: serve a draw, judge it, say whether it fails the check the first failure
     failed (a shrink keeps that check); a draw already served is never served again, and a spent budget says no.
@@ -158,15 +134,12 @@ class _Search:
         self.served: dict[Draw, Tried] = {}
         self.primary: str | None = None  # the check the first failing draw failed
         self.shrink_runs = 0
-        self.budget = _Budget(seams, plan.boundary)
 
     def fails(self, draw: Draw) -> bool:
         if draw not in self.served:
             if self.primary is not None and self.shrink_runs >= self.plan.boundary.shrink_runs:
                 return False  # the shrink's budget is spent: the smallest failing draw so far stands
             phase = "shrink" if self.primary is not None else ("replay" if len(self.served) < self.saved else "draw")
-            if phase == "draw" and not self.budget.admits(draw):
-                return False
             self.shrink_runs += phase == "shrink"
             self.served[draw] = self._serve(draw, f"boundary-{len(self.served) + 1}", phase)
             failing = self.served[draw].failing
@@ -259,12 +232,10 @@ def recorded(row: Mapping[str, object]) -> Recorded | None:
 def preview(plan: CellPlan, seams: Seams) -> list[Draw]:
     """The draws ``plan``'s cell makes when none fails, in order, without an engine: what its row will record."""
     drawn: list[Draw] = []
-    budget = _Budget(seams, plan.boundary)
 
     class Recorder:
         def fails(self, draw: Draw) -> bool:
-            if draw not in drawn and budget.admits(draw):
-                drawn.append(draw)
+            drawn.append(draw)
             return False
 
     _hypothesis_test(plan, seams, Recorder(), None, database_key(plan))()
@@ -272,7 +243,7 @@ def preview(plan: CellPlan, seams: Seams) -> list[Draw]:
 
 
 def _hypothesis_test(plan: CellPlan, seams: Seams, search: object, database: object, key: bytes) -> Callable[[], None]:
-    """The cell's search as a Hypothesis test: ``draws`` draws seeded by the cell id, reuse, generate and shrink
+    """The cell's search as a Hypothesis test: ``draws`` examples seeded by the cell id, reuse, generate and shrink
     phases, the example database under ``key``.
 
     ``find`` and ``@seed`` would drop the database (Hypothesis keeps none for a seeded run, meant to reproduce one
@@ -280,8 +251,7 @@ def _hypothesis_test(plan: CellPlan, seams: Seams, search: object, database: obj
     """
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 
-    # one example more than the cell draws: the strategy's simplest, which it leaves out (_Budget)
-    @settings(max_examples=plan.boundary.draws + 1, database=database, deadline=None, verbosity=Verbosity.quiet,
+    @settings(max_examples=plan.boundary.draws, database=database, deadline=None, verbosity=Verbosity.quiet,
               phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink), print_blob=False,
               report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
     @given(draws(seams, plan.boundary.shapes))

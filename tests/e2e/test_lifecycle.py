@@ -78,6 +78,14 @@ timeout_s = 600
 
 [factors]
 cache = ["off"]
+
+# what vLLM 0.32 does to every offline caller's SamplingParams (matrices/vllm.toml declares it)
+[[expected]]
+when = { cache = "off" }
+fails = "inputs"
+signature = { field = "sampling_params.output_kind" }
+class = "engine bug"
+reason = "LLM._add_request sets the caller's SamplingParams.output_kind in place"
 """
 
 
