@@ -347,7 +347,8 @@ def test_fp8_kv_judged_bitwise_fails_and_passes_with_its_declared_tolerance(tmp_
         '[[tolerances]]\nwhen = { kv_cache_dtype = "fp8" }\nlogprobs = 0.5\ntie = 0.5\n'
         'reason = "fp8 KV rounds every cached key and value"\n' + output_kind("off")))
     tolerant = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
-    assert tolerant.status == "pass", {n: v.message for n, v in tolerant.oracles.items() if v.status == "fail"}
+    # xfail: every oracle passes, inputs on vLLM's declared output_kind alone
+    assert tolerant.status == "xfail", {n: v.message for n, v in tolerant.oracles.items() if v.status == "fail"}
     assert tolerant.metrics["tolerances"] == {"logprobs": 0.5, "tie": 0.5}
 
 
@@ -408,7 +409,7 @@ def test_the_exported_dense_model_agrees_with_the_reference_engine(tmp_path: Pat
     (cell,) = generate(matrix)
     result = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
     verdict = result.oracles["cross_engine"]
-    assert verdict.status == "pass" and result.status == "pass", (verdict.message, result.oracles)
+    assert verdict.status == "pass" and result.status == "xfail", (verdict.message, result.oracles)  # output_kind
     assert "golden request(s) agree" in verdict.message
 
 
@@ -447,6 +448,6 @@ def test_a_storage_cells_warm_pass_loads_from_the_tier_and_its_directory_goes_wi
                     .replace('["pair"]', '["system_prompt"]') + output_kind("storage"))
     matrix = load_matrix(str(path))
     result = run_cell(matrix, generate(matrix)[0], faults=frozenset(), goldens=goldens)
-    assert result.status == "pass", {n: v.message for n, v in result.oracles.items() if v.status == "fail"}
+    assert result.status == "xfail", {n: v.message for n, v in result.oracles.items() if v.status == "fail"}
     assert result.metrics["cached_tokens_warm"] == 5 * 32 + 64, result.metrics
     assert not list(tmp_path.glob("kvmatrix-tier-*")), "the cell's tier outlived it"
