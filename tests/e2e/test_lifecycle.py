@@ -289,7 +289,8 @@ def check_stopped_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     rows = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
     assert sorted(r["cell_id"] for r in rows) == sorted(cells)
     died = [r for r in rows if r["status"] == "error"]
-    assert [r["status"] for r in rows if r not in died] == ["pass"] * (len(cells) - len(died))
+    judged = "xfail" if "[[expected]]" in path.read_text() else "pass"  # the vLLM matrix declares its output_kind
+    assert [r["status"] for r in rows if r not in died] == [judged] * (len(cells) - len(died))
     assert len(died) == (1 if how.worker and not killed_harness else 0), [r["error"] for r in died]
     assert all("worker process died (exit code -9)" in r["error"] for r in died)
     assert gone(mark, SETTLE_S) == []
