@@ -425,7 +425,7 @@ def test_the_vllm_smoke_matrix_runs_to_verdicts(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
     statuses = {row["cell_id"]: row["status"] for row in rows}
     assert code == 0 and len(statuses) == 6 and set(statuses.values()) <= {"pass", "xfail"}, statuses
-    assert list(statuses.values()).count("xfail") == 1
+    assert list(statuses.values()).count("xfail") == 6  # every cell: vLLM's output_kind, declared
     for row in rows:  # every cell's pool audited at every step, and the poisoned half poisoned (issue 41)
         assert row["oracles"]["pool_audit"]["verdict"] == "pass" and row["metrics"]["pool_audit"]["steps"] > 0, row
         poisoned = row["metrics"].get("poisoned_blocks", {}).get("issued", 0)
