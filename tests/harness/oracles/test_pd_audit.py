@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 import torch
 
+from fixtures.workloads import Workload, load_workload
 from harness.oracles import oracles
 from harness.oracles.view import PassView
 from reference_impl.pd import decode as decode_module
@@ -140,17 +142,21 @@ COUNTED = {
 }
 
 
-@pytest.fixture
-def counted() -> list[PassView]:
-    from fixtures.workloads import load_workload
+def warm_pass(ledger: dict, expected: Callable[[Workload], dict[str, int]], **fields) -> PassView:
+    """system_prompt's warm pass as ``ledger`` measured it: each request's client hit, the ledger copied."""
     from tests.harness.oracles.test_oracles import output
 
     workload = load_workload("system_prompt")
-    outputs = [output(r.rid, [1] * r.max_new_tokens, cached=COUNTED["prefill_hits"][r.rid]) for r in workload.requests]
-    expected = workload.expected_cached(page_size=32, state_interval=32, hybrid=False, chunk_size=32, warm=True)
-    return [view(outputs, name="warm", workload="system_prompt", requested={r.rid: r.max_new_tokens for r in
-                 workload.requests}, prompts={r.rid: r.prompt for r in workload.requests}, expected_cached=expected,
-                 page_size=32, pd_ledger=copy.deepcopy(COUNTED))]
+    outputs = [output(r.rid, [1] * r.max_new_tokens, cached=ledger["prefill_hits"][r.rid]) for r in workload.requests]
+    return view(outputs, name="warm", workload="system_prompt", requested={r.rid: r.max_new_tokens for r in
+                workload.requests}, prompts={r.rid: r.prompt for r in workload.requests},
+                expected_cached=expected(workload), pd_ledger=copy.deepcopy(ledger), **fields)
+
+
+@pytest.fixture
+def counted() -> list[PassView]:
+    return [warm_pass(COUNTED, lambda w: w.expected_cached(page_size=32, state_interval=32, hybrid=False,
+                                                           chunk_size=32, warm=True), page_size=32)]
 
 
 def test_a_counted_ledger_as_measured_accounts_exactly(counted: list[PassView]) -> None:
@@ -188,7 +194,6 @@ def test_a_tiered_pairs_warm_pass_holds_the_decode_side_to_a_cold_pass() -> None
     """pd = nixl × cache = storage: before the warm pass both device caches are emptied and the prefill side loads
     from its tier (the client sees the tier's hit); the decode side, with no tier, hits only what the pass itself
     shares (5 × 32 of system_prompt's 6 prompts), as in the cold pass."""
-    from fixtures.workloads import load_workload
     from harness.sut.vllm import LEVELS
     from harness.sut.vllm.connectors import ExampleConnectorTier
     from harness.sut.vllm.engine import vllm_traits
@@ -238,20 +243,13 @@ HYBRID_WARM = {
 def hybrid_warm() -> list[PassView]:
     """The warm pass with the expectations the judge gives it: the client's (the prefill side's, on prompts one token
     short) and the decode side's own (whole prompts)."""
-    from fixtures.workloads import load_workload
     from harness.sut.vllm import LEVELS
     from harness.sut.vllm.engine import vllm_traits
-    from tests.harness.oracles.test_oracles import output
 
-    workload = load_workload("system_prompt")
     traits = vllm_traits(LEVELS.full({"model": "hybrid", "pd": "nixl", "cache": "device", "page_size": 64}))
     rule = traits.cache.rule
-    outputs = [output(r.rid, [1] * r.max_new_tokens, cached=HYBRID_WARM["prefill_hits"][r.rid])
-               for r in workload.requests]
-    warm = view(outputs, name="warm", workload="system_prompt", requested={r.rid: r.max_new_tokens for r in
-                workload.requests}, prompts={r.rid: r.prompt for r in workload.requests}, page_size=64, hybrid=True,
-                expected_cached=rule.expected(workload, traits, "warm", {}), pd_ledger=copy.deepcopy(HYBRID_WARM))
-    return [replace(warm, decode_cached=rule.decode_side.expected(workload, traits, "warm", {}))]
+    warm = warm_pass(HYBRID_WARM, lambda w: rule.expected(w, traits, "warm", {}), page_size=64, hybrid=True)
+    return [replace(warm, decode_cached=rule.decode_side.expected(load_workload("system_prompt"), traits, "warm", {}))]
 
 
 def test_a_hybrid_request_hit_to_its_last_token_on_the_decode_side_moves_nothing(hybrid_warm: list[PassView]) -> None:
