@@ -27,8 +27,9 @@ matrix: $(STAMP)
 
 # the whole suite, every test but SGLang's (`make quick` leaves out the whole-matrix runs and the real engines;
 # `make test-sglang` runs SGLang's, whose venv CI does not build)
-# --dist loadgroup: the vLLM tests share one worker (a vLLM child's OpenMP threads spin on every core: two would
-# starve each other), the llama.cpp tests another (each llama-server on one thread: conftest.py)
+# --dist loadgroup: the vLLM engine tests share one worker (and its golden runs), the vLLM findings' scripts another,
+# which then takes the rest of the suite while the first goes on (two vLLM processes side by side cost each other
+# little: each is one busy Python thread); the llama.cpp tests share a third (each llama-server on one thread: conftest.py)
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not sglang"
 

@@ -1,7 +1,8 @@
-"""make test runs the real engines one at a time: their tests share ``xdist_group("vllm")`` and ``--dist loadgroup``
-sends a group to one worker. A vLLM child's or llama-server's OpenMP threads spin on every core, so two engines on
-2 cores starve each other and cells run many times slower or time out. With pytest 9.2 and xdist 3.8 the groups are
-silently dropped (pytest-dev/pytest-xdist#1386), which the pin in pyproject.toml avoids and this test would see."""
+"""make test runs each group of real-engine tests on one worker: ``--dist loadgroup`` sends an ``xdist_group`` to one
+worker. The vLLM engine tests (``"vllm"``) share their golden runs there; the llama.cpp tests (``"llamacpp"``) run one
+llama-server at a time, whose threads would otherwise wait at every op's barrier for a core the other holds. With
+pytest 9.2 and xdist 3.8 the groups are silently dropped (pytest-dev/pytest-xdist#1386), which the pin in
+pyproject.toml avoids and this test would see."""
 from __future__ import annotations
 
 import os

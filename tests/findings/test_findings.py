@@ -55,7 +55,7 @@ def still_shows(done: subprocess.CompletedProcess, folder: Path, engine: str, ma
 
 
 @pytest.mark.vllm
-@pytest.mark.xdist_group("vllm")  # make test's --dist loadgroup: one vLLM engine at a time
+@pytest.mark.xdist_group("vllm-findings")  # make test's --dist loadgroup: beside the vLLM engine tests' worker (Makefile)
 @pytest.mark.parametrize("folder", VLLM_FINDINGS, ids=lambda path: path.name)
 def test_the_vllm_finding_still_shows(folder: Path, tmp_path: Path) -> None:
     python = required_path(vllm_python(), "vllm-env")
