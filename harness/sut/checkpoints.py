@@ -29,8 +29,7 @@ import torch
 
 from safetensors.torch import save_file
 from reference_impl.config import DENSE32, ModelConfig
-from reference_impl.model.hf_names import hf_parameters
-from reference_impl.model.tiny_lm import load_model
+from reference_impl.model.load import hf_parameters, load_model
 
 from .weights import eagle_head, hybrid_tensors
 

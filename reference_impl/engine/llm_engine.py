@@ -18,7 +18,7 @@ from reference_impl.memory.engine_pools import EnginePools
 from reference_impl.memory.host import PageMover
 from reference_impl.model.batch_invariant import TILE
 from reference_impl.model.forward_batch import VerifyScratch
-from reference_impl.model.tiny_lm import load_model
+from reference_impl.model.load import load_model
 from reference_impl.request import Chunk, Phase, Request, RequestOutput, RequestSpec
 from reference_impl.spec.ngram import NoProposer
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 from torch import nn
@@ -237,18 +236,3 @@ class TinyLM(nn.Module):
 def linear_for(deterministic: bool) -> Linear:
     """The batch-invariant linear in deterministic mode, BLAS otherwise."""
     return batch_invariant.linear if deterministic else fast_linear
-
-
-@lru_cache(maxsize=8)
-def load_model(cfg: ModelConfig, device: str, dtype: torch.dtype) -> TinyLM:
-    """The model for ``cfg``: seeded, or a trained checkpoint's weights (``cfg.weights``); weights are read-only, so
-    engines share one instance."""
-    if cfg.weights is None:
-        return TinyLM(cfg, device=device, dtype=dtype)
-    from reference_impl.model.hf_names import read_hf_weights
-
-    with torch.device("meta"):  # shapes only: the seeded init would be overwritten by the checkpoint's every weight
-        model = TinyLM(cfg, device="meta", dtype=dtype)
-    model.to_empty(device=device)
-    read_hf_weights(model, cfg.weights)
-    return model

@@ -18,7 +18,7 @@ from reference_impl.config import EngineConfig, ModelConfig
 from reference_impl.faults import DRAFT_CHAIN_DEFAULT_STEPS, DRAFT_STATE_NOT_CACHED
 from reference_impl.memory.pool import Pool, physical_pages
 from reference_impl.model import batch_invariant
-from reference_impl.model.tiny_lm import load_model
+from reference_impl.model.load import load_model
 from reference_impl.request import Chunk, Request
 from reference_impl.spec.draft_model import DraftHead, load_draft
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from reference_impl.config import EngineConfig, ModelConfig
 from reference_impl.faults import MTP_LAYER_INDEX_OOB
 from reference_impl.memory.pool import Pool
-from reference_impl.model.tiny_lm import load_model
+from reference_impl.model.load import load_model
 from reference_impl.spec.draft import DraftProposer
 from reference_impl.spec.draft_model import load_mtp, packed_config
 

@@ -10,8 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from reference_impl.config import DENSE32
-from reference_impl.model.hf_names import LM_HEAD, hf_parameters, read_hf_weights
-from reference_impl.model.tiny_lm import load_model
+from reference_impl.model.load import LM_HEAD, hf_parameters, load_model, read_hf_weights
 
 PROMPT = [3, 17, 42, 99, 5, 250, 8]
 

@@ -1,11 +1,13 @@
-"""The reference model's weights under Hugging Face Llama names: what a served checkpoint is made of
-(``harness.sut.checkpoints``) and what a trained checkpoint is read into (``ModelConfig.weights``), one table for both."""
+"""The reference model as an engine loads it (``load_model``): seeded, or a trained checkpoint's weights read under
+their Hugging Face Llama names, the one table a served checkpoint is also made by (``harness.sut.checkpoints``)."""
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from reference_impl.config import ModelConfig
 from reference_impl.model.tiny_lm import TinyLM
 
 #: the checkpoint's head, absent where the model ties it to the embedding (``tie_word_embeddings``)
@@ -48,3 +50,16 @@ def read_hf_weights(model: TinyLM, path: str | Path) -> None:
         if tensors[name].shape != param.shape:
             raise ValueError(f"{path}: {name} is {tuple(tensors[name].shape)}, the model's {tuple(param.shape)}")
         param.copy_(tensors[name].to(param.dtype))
+
+
+@lru_cache(maxsize=8)
+def load_model(cfg: ModelConfig, device: str, dtype: torch.dtype) -> TinyLM:
+    """The model for ``cfg``: seeded, or a trained checkpoint's weights (``cfg.weights``); weights are read-only, so
+    engines share one instance."""
+    if cfg.weights is None:
+        return TinyLM(cfg, device=device, dtype=dtype)
+    with torch.device("meta"):  # shapes only: the seeded init would be overwritten by the checkpoint's every weight
+        model = TinyLM(cfg, device="meta", dtype=dtype)
+    model.to_empty(device=device)
+    read_hf_weights(model, cfg.weights)
+    return model
