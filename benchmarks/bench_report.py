@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.results.rows import write_lines  # noqa: E402
 from reports.html import write_report  # noqa: E402
+from harness.oracles import evidence_kinds  # noqa: E402
 from harness.results.locate import analyze  # noqa: E402
 from harness.results.reader import summarize  # noqa: E402
 from tests import report_rows  # noqa: E402
@@ -58,7 +59,7 @@ def main() -> None:
         analyze(rows)
         located = time.perf_counter() - started
         started = time.perf_counter()
-        write_report(out, rows, summarize(rows, [report_rows.header()], n))
+        write_report(out, rows, summarize(rows, [report_rows.header()], n), kinds=evidence_kinds())
         rendered = time.perf_counter() - started
         browser = browser_seconds(out / "index.html", work / "profile")
         failing = sum(r["status"] in ("fail", "error") for r in rows)

@@ -1,14 +1,15 @@
 """Evidence as diffs: an oracle's findings turned into what a person compares (tokens, tiers, bits, bars).
 
 Each function takes one finding (a dict of an oracle's ``detail``, as results.jsonl holds it)
-and returns a small view model the page template draws; unknown shapes fall back to a
-key/value table, so an older results file still renders.
+and returns a small view model the page template draws. Which view an oracle's findings get is its declaration's
+(``Oracle.evidence``, a key of ``KINDS``), handed in by the entry points (``reports/`` reads no oracle); no kind, or
+findings of another shape, fall back to a key/value table, so an older results file still renders.
 """
 from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from harness.results.rows import as_float
@@ -110,16 +111,36 @@ def _short(value: object) -> object:
     return value
 
 
-def views(oracle: str, detail: Sequence[Mapping]) -> dict:
-    """The view model of one oracle's findings: a kind the template knows, and its data."""
+def _tokens(detail: Sequence[Mapping]) -> dict:
+    return {"kind": "tokens", "items": [(d, token_diff(d)) for d in detail]}
+
+
+def _bits(detail: Sequence[Mapping]) -> dict:
+    return {"kind": "bits", "items": [(d, bitwise(d.get("expected"), d.get("got"))) for d in detail]}
+
+
+def _tiers(detail: Sequence[Mapping]) -> dict | None:
+    if not any(tier_table(d) for d in detail):
+        return None
+    return {"kind": "tiers", "items": [(d, tier_table(d)) for d in detail]}
+
+
+def _accept(detail: Sequence[Mapping]) -> dict:
+    return {"kind": "accept", "items": [(d, accept_bars(d)) for d in detail], "bar_height": BAR_HEIGHT}
+
+
+#: the views an oracle may declare for its findings (``harness.oracles.view.Oracle.evidence``), by kind: each builds
+#: the view model of some findings, or None where they do not fit it (they show as a table then).
+KINDS: dict[str, Callable[[Sequence[Mapping]], dict | None]] = {
+    "tokens": _tokens, "bits": _bits, "tiers": _tiers, "accept": _accept}
+
+
+def views(kind: str | None, detail: Sequence[Mapping]) -> dict:
+    """The view model of one oracle's findings: the kind of view its declaration names (``KINDS``) where they fit it,
+    else the generic table."""
     detail = [d for d in detail if isinstance(d, Mapping)]
-    if oracle == "tokens" and detail:
-        return {"kind": "tokens", "items": [(d, token_diff(d)) for d in detail]}
-    if oracle in ("logprobs", "batch_invariance") and detail:
-        return {"kind": "bits", "items": [(d, bitwise(d.get("expected"), d.get("got"))) for d in detail]}
-    if oracle == "cached_tokens" and any(tier_table(d) for d in detail):
-        return {"kind": "tiers", "items": [(d, tier_table(d)) for d in detail]}
-    if oracle == "accept_length" and detail:
-        return {"kind": "accept", "items": [(d, accept_bars(d)) for d in detail], "bar_height": BAR_HEIGHT}
+    view = KINDS[kind](detail) if detail and kind in KINDS else None
+    if view is not None:
+        return view
     columns, rows = generic_rows(detail)
     return {"kind": "table", "columns": columns, "rows": rows}

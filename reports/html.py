@@ -51,17 +51,20 @@ def render(template: str, css: str, css_name: str = CSS_NAME, **context: object)
 
 
 def index_page(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = (),
-               report_dir: str = "DIR") -> tuple[str, str]:
-    """index.html and its stylesheet for a run's rows, written to ``report_dir``."""
-    context = index_context(rows, summary, probes, report_dir)
+               report_dir: str = "DIR", *, kinds: Mapping[str, str]) -> tuple[str, str]:
+    """index.html and its stylesheet for a run's rows, written to ``report_dir``, each oracle's findings shown as the
+    kind of view ``kinds`` names (``page.index_context``)."""
+    context = index_context(rows, summary, probes, report_dir, kinds=kinds)
     css = base_css() + filter_css(context["factors"], context["levels"], context["oracles"])
     return render("index.html", css, **context), css
 
 
-def write_report(directory: Path, rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = ()) -> None:
-    """index.html and report.css into ``directory`` (a ``Render`` for ``harness.results.store.ResultsStore``)."""
+def write_report(directory: Path, rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = (), *,
+                 kinds: Mapping[str, str]) -> None:
+    """index.html and report.css into ``directory``, each oracle's findings shown as the kind of view ``kinds`` names
+    (with ``kinds`` bound, a ``Render`` for ``harness.results.store.ResultsStore``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    page, css = index_page(rows, summary, probes, str(directory))
+    page, css = index_page(rows, summary, probes, str(directory), kinds=kinds)
     write_atomic(directory / CSS_NAME, css)
     write_atomic(directory / INDEX, page)
 

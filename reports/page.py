@@ -68,20 +68,22 @@ def repro_line(row: Mapping, report_dir: str) -> str | None:
     return repro_command(report_dir, row["cell_id"]) if row["status"] in REPRO_STATUSES else None
 
 
-def cell_evidence(row: Mapping, header: Mapping, anchor: str, row_id: str, report_dir: str) -> dict:
+def cell_evidence(row: Mapping, header: Mapping, anchor: str, row_id: str, report_dir: str,
+                  kinds: Mapping[str, str]) -> dict:
     """One failing cell: its anchor, the commands that rerun it and reproduce it standalone, each failing oracle's
-    evidence view, the raw JSON."""
+    evidence view (the kind its declaration names in ``kinds``), the raw JSON."""
     return {
         "row": row, "anchor": anchor, "row_id": row_id, "reproduce": reproduce_command(header, row["cell_id"]),
         "repro": repro_line(row, report_dir),
         "oracles": [{"name": n, "message": row["oracles"][n].get("message", ""),
-                     "view": evidence.views(n, row["oracles"][n].get("detail", []))} for n in failing_oracles(row)],
+                     "view": evidence.views(kinds.get(n), row["oracles"][n].get("detail", []))}
+                    for n in failing_oracles(row)],
         "raw": dumps(row, indent=1),
     }
 
 
 def groups(rows: Sequence[Mapping], runs: Mapping[str, Mapping], ids: Mapping[str, str],
-           table: Mapping[str, str], report_dir: str) -> list[dict]:
+           table: Mapping[str, str], report_dir: str, kinds: Mapping[str, str]) -> list[dict]:
     """Failing cells grouped by signature, largest group first; the first cell of each shows the full evidence."""
     by_sig: dict[tuple, list[Mapping]] = {}
     for row in rows:
@@ -94,7 +96,7 @@ def groups(rows: Sequence[Mapping], runs: Mapping[str, Mapping], ids: Mapping[st
             "status": sig[0], "oracles": [n for n, _ in sig[1]], "error": sig[2], "size": len(members),
             "expected": first.get("expected"),
             "representative": cell_evidence(first, _header_of(first, runs), ids[first["cell_id"]], table[first["cell_id"]],
-                                            report_dir),
+                                            report_dir, kinds),
             "members": [{"row": m, "anchor": ids[m["cell_id"]], "reproduce": reproduce_command(_header_of(m, runs), m["cell_id"]),
                          "repro": repro_line(m, report_dir)} for m in members[1:]],
         })
@@ -178,9 +180,10 @@ def shown_run(header: Mapping) -> dict:
 
 
 def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Mapping] = (),
-                  report_dir: str = "DIR") -> dict:
+                  report_dir: str = "DIR", *, kinds: Mapping[str, str]) -> dict:
     """Everything the index template draws; ``report_dir`` is where the page and its results.jsonl lie (the
-    directory ``harness repro`` reads)."""
+    directory ``harness repro`` reads), ``kinds`` the view each oracle declares for its findings (oracle name →
+    a key of ``evidence.KINDS``: ``harness.oracles.evidence_kinds()``)."""
     runs = {r["run_id"]: r for r in summary.get("runs", []) if isinstance(r, Mapping) and "run_id" in r}
     factors: list[str] = list(dict.fromkeys(f for r in rows for f in r["factors"]))
     levels = {f: list(dict.fromkeys(r["factors"][f] for r in rows if f in r["factors"])) for f in factors}
@@ -192,7 +195,7 @@ def index_context(rows: Sequence[Mapping], summary: Mapping, probes: Sequence[Ma
         "summary": summary, "runs": [shown_run(r) for r in runs.values()], "header_fields": HEADER_FIELDS,
         "host_changes": runs_changes(list(runs.values())), "differing": summary.get("differing_cells") or [],
         "classes": classes,
-        "shown_findings": SHOWN_FINDINGS, "open_table_limit": OPEN_TABLE_LIMIT, "grid": grid(rows), "groups": groups(rows, runs, ids, table, report_dir), "ids": ids, "rows_ids": table,
+        "shown_findings": SHOWN_FINDINGS, "open_table_limit": OPEN_TABLE_LIMIT, "grid": grid(rows), "groups": groups(rows, runs, ids, table, report_dir, kinds), "ids": ids, "rows_ids": table,
         "probes": probes, "probes_run": sum(not (p.get("probe") or {}).get("reused") for p in probes), "factors": factors, "levels": levels, "oracles": oracles,
         "cells": cell_rows(rows, factors, levels, oracles, ids, table), "declared": declared(rows),
         "boundary": boundary_cells(rows, table),

@@ -13,8 +13,10 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
+from harness import oracles
 from harness.cli.findings import add_findings_command
 from harness.cli.progress import RunProgress
 from harness.cli.repro import add_repro_command
@@ -150,7 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cells = select_shard(cells, parse_shard(args.shard) if args.shard else None)
     header = run.header(args.matrix, args.shard, len(cells))
     info = RunInfo(matrix.name, matrix.mode, matrix.strength, sorted(faults), len(cells), header=header, device=args.device)
-    store = ResultsStore(Path(args.report_dir), info, render=write_report)
+    store = ResultsStore(Path(args.report_dir), info, render=partial(write_report, kinds=oracles.evidence_kinds()))
     done = store.start(args.resume, {c.cell_id for c in cells}, accept_changed=args.accept_changed)
     run.examples_db = args.examples_db or str(store.dir / EXAMPLES_DIR)
     started = time.perf_counter()

@@ -9,10 +9,12 @@ leaves a finished run's results as they are.
 from __future__ import annotations
 
 import shlex
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from harness import oracles
 from harness.matrix.model import Cell, MatrixError, generate
 from harness.matrix.selection import SelectionError, parse_shard, select_shard
 from harness.results.header import OPTIONS_BY_DEST, option_arguments
@@ -41,7 +43,8 @@ class MatrixSession:
         header = self.run.header(name, shard, len(self.cells), argv=["pytest", *config.invocation_params.args])
         info = RunInfo(self.matrix.name, self.matrix.mode, self.matrix.strength, sorted(self.faults), len(self.cells),
                        header=header, device=device)
-        self.store = ResultsStore(Path(config.getoption("report_dir")), info, render=write_report)
+        self.store = ResultsStore(Path(config.getoption("report_dir")), info,
+                                  render=partial(write_report, kinds=oracles.evidence_kinds()))
         self.run.examples_db = str(self.store.dir / "hypothesis")
         if hasattr(config, "workerinput"):  # a worker writes its rows under the controller's run id
             header.run_id = config.workerinput.get("kvmatrix_run_id", header.run_id)

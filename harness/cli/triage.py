@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness import oracles
 from harness.results.compare import TOLERANCES, compare, text
 from harness.results.files import INDEX, PROBES, RESULTS, RUNS
 from harness.results.header import file_sha256
@@ -60,7 +61,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if data.replaced:
         summary["differing_cells"] = differing_cells(data.replaced, data.runs)
     write_summary(out, summary)
-    write_report(out, data.rows, summary, data.probes)
+    write_report(out, data.rows, summary, data.probes, kinds=oracles.evidence_kinds())
     if args.junit:
         write_junit(Path(args.junit), data.rows, data.runs)
     counts = ", ".join(f"{n} {s}" for s, n in summary["counts"].items() if n)
@@ -127,7 +128,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
     write_lines(Path(args.dir) / PROBES, result.probes)
     summary = summarize(data.rows, data.runs, planned(data.runs, len(data.rows)))
     write_summary(Path(args.dir), summary)
-    write_report(Path(args.dir), data.rows, summary, result.probes)
+    write_report(Path(args.dir), data.rows, summary, result.probes, kinds=oracles.evidence_kinds())
     print(located_text(result, ran))
     print(f"report: {Path(args.dir) / INDEX}")
     if bad:

@@ -62,6 +62,12 @@ def names() -> tuple[str, ...]:
     return tuple(_ORACLES)
 
 
+def evidence_kinds() -> dict[str, str]:
+    """Oracle name → the kind of report view its findings show as, for those that declare one (``Oracle.evidence``):
+    what the entry points hand ``reports/``, which reads no oracle."""
+    return {name: oracle.evidence for name, oracle in _ORACLES.items() if oracle.evidence is not None}
+
+
 def judge(views: Sequence[PassView]) -> dict[str, Verdict]:
     """Every oracle's verdict on one cell, in a stable order."""
     return {name: oracle(views) for name, oracle in _ORACLES.items()}

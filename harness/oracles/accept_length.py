@@ -252,4 +252,10 @@ def judge(views: Sequence[PassView]) -> Verdict:
                              f"{f[0]['got']} (expected {f[0]['expected']})", views)
 
 
-ORACLE = Oracle("accept_length", FAILS_WHEN, judge)
+def script(views: Sequence[PassView], passes: Sequence[str]) -> dict:
+    """A reproducer's check of accept length: the most a verify step can emit (k + 1) and the drop it tolerates."""
+    return {"accept": {"max": views[0].traits.spec.max_accept_length, "tolerance": ACCEPT_TOLERANCE}}
+
+
+#: shown as the accept-length histograms, got beside expected.
+ORACLE = Oracle("accept_length", FAILS_WHEN, judge, evidence="accept", script=script)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fixtures.workloads import tier_text
+from fixtures.workloads import CachedExpectation, tier_text
 from harness.oracles.view import Oracle, PassView, verdict
 from harness.results.rows import Verdict
 from reference_impl.request import TIERS, RequestOutput
@@ -59,4 +59,18 @@ def _by_rule(basis: str) -> str:
     return f" (by {basis})" if basis else ""
 
 
-ORACLE = Oracle("cached_tokens", FAILS_WHEN, judge)
+def script(views: Sequence[PassView], passes: Sequence[str]) -> dict:
+    """A reproducer's check of cached tokens: what the engine's cache rule allows each request, in each pass judged."""
+    allowed = {view.name: view.expected_cached for view in views}
+    return {"cached": {name: {rid: _allowed(e) for rid, e in allowed[name].items()} for name in passes}}
+
+
+def _allowed(expectation: CachedExpectation) -> dict:
+    """A ``CachedExpectation`` as the script's check reads it: plain values."""
+    allowed = {"values": list(expectation.values)} if expectation.values is not None else {
+        "lo": expectation.lo, "hi": expectation.hi, "page": expectation.page_size}
+    return {**allowed, "host": expectation.host, "storage": expectation.storage, "text": expectation.describe()}
+
+
+#: shown as expected vs got per tier (device, host, storage, total).
+ORACLE = Oracle("cached_tokens", FAILS_WHEN, judge, evidence="tiers", script=script)

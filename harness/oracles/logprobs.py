@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.oracles.view import Oracle, PassView, first_divergence, verdict
+from harness.oracles.view import Oracle, PassView, first_divergence, tolerances_script, verdict
 from harness.results.rows import Verdict
 from reference_impl.request import RequestOutput
 
@@ -65,4 +65,5 @@ def judge(views: Sequence[PassView]) -> Verdict:
                              f"step {f[0]['step']}: Δ {f[0]['delta']:.3g}", views)
 
 
-ORACLE = Oracle("logprobs", FAILS_WHEN, judge)
+#: shown bit for bit (expected and got logprob); a script holds to the run's tolerances.
+ORACLE = Oracle("logprobs", FAILS_WHEN, judge, evidence="bits", script=tolerances_script)

@@ -190,4 +190,10 @@ def judge(views: Sequence[PassView]) -> Verdict:
                    views)
 
 
-ORACLE = Oracle("pd_audit", FAILS_WHEN, judge)
+def script(views: Sequence[PassView], passes: Sequence[str]) -> dict:
+    """A reproducer's check of the bytes NIXL moved: the prompt tokens the decode side computes itself (its backoff)."""
+    return {"backoff": next(view.got.pd["backoff"] for view in views if view.got.pd is not None)}
+
+
+#: a script judges the bytes a pass moved alone: the other checks read a ledger only the harness keeps.
+ORACLE = Oracle("pd_audit", FAILS_WHEN, judge, script=script, script_checks=frozenset({"bytes"}))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.oracles.view import Oracle, PassView, first_divergence, verdict, with_ties
+from harness.oracles.view import Oracle, PassView, first_divergence, tolerances_script, verdict, with_ties
 from harness.results.rows import Verdict
 
 #: tokens kept around a divergence (before, from it on), golden and cell alike: enough to see both
@@ -43,4 +43,5 @@ def judge(views: Sequence[PassView]) -> Verdict:
     ), ties)
 
 
-ORACLE = Oracle("tokens", FAILS_WHEN, judge)
+#: shown as the two token sequences aligned, the first divergence marked; a script holds to the run's tolerances.
+ORACLE = Oracle("tokens", FAILS_WHEN, judge, evidence="tokens", script=tolerances_script)

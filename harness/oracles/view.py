@@ -112,16 +112,24 @@ class PassView:
 
 
 Judge = Callable[[Sequence[PassView]], Verdict]
+#: what a reproducer script's ``CHECK`` needs beyond the common keys, from the failing run's passes (seen with no
+#: references: ``PassView.golden`` is not there) and the names of the passes the check failed in.
+Script = Callable[[Sequence[PassView], Sequence[str]], dict]
 
 
 @dataclass(frozen=True, slots=True)
 class Oracle:
     """One oracle: its name (a key of every row's ``oracles``), what fails it (one line, for ``harness oracles`` and
-    the docs), and the function that judges a cell's views."""
+    the docs), the function that judges a cell's views, and how its findings are shown and reproduced: the kind of
+    report view they fit (``reports.evidence.KINDS``; None: a table), what a reproducer script's check needs from
+    the run (``Script``) and the checks a script can judge (None: every one)."""
 
     name: str
     fails_when: str
     judge: Judge
+    evidence: str | None = None
+    script: Script | None = None
+    script_checks: frozenset[str] | None = None
 
     def __call__(self, views: Sequence[PassView]) -> Verdict:
         return self.judge(views)
@@ -153,6 +161,11 @@ def with_ties(result: Verdict, ties: Sequence[dict]) -> Verdict:
     if ties and result.status == "pass":
         result.detail = (result.detail + [{"tie": True, **t} for t in ties])[:MAX_FINDINGS]
     return result
+
+
+def tolerances_script(views: Sequence[PassView], passes: Sequence[str]) -> dict:
+    """A reproducer's check of tokens or logprobs: the tie and logprob tolerances the oracles judged the run by."""
+    return {"tie": views[0].tie(), "tolerance": views[0].logprob_tol()}
 
 
 def first_divergence(got: Sequence[object], want: Sequence[object]) -> int | None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from fixtures.workloads import Workload, load_workload
+from harness import oracles
 from harness.matrix.model import Cell
 from harness.repro.ddmin import Budget, BudgetSpent
 from harness.repro.finding import ReproError, Reproducer, Toggle, located, pick_check, pick_row, toggle_candidates
@@ -133,8 +134,11 @@ def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping]
     if check.oracle not in JUDGES:
         raise ReproError(f"cell {row['cell_id']}: a script cannot judge {check.oracle} yet (it judges "
                          f"{', '.join(JUDGES)}); --oracle NAME picks another failing oracle")
-    if check.oracle == "pd_audit" and check.check not in (None, "bytes"):
-        raise ReproError(f"cell {row['cell_id']}: a script judges pd_audit's bytes alone, not {check.check}")
+    declared = oracles.oracles().get(check.oracle)  # None for the error check: a script judges what raised
+    judged = None if declared is None else declared.script_checks
+    if judged is not None and check.check not in (None, *judged):
+        raise ReproError(f"cell {row['cell_id']}: a script judges {check.oracle}'s {', '.join(sorted(judged))} alone, "
+                         f"not {check.check}")
     say(f"cell {row['cell_id']} ({row['status']}): {check.text()}")
     engines = Engines(run.device)
     setup = Setup(run, engines, References(engines), Budget(budget))

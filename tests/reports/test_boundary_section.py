@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+from harness.oracles import evidence_kinds
 from harness.results.reader import summarize
 from reports.html import index_page
 from tests import report_rows
@@ -21,7 +22,7 @@ DRAWN = {"settings": {"draws": 2, "shrink_runs": 40, "shapes": 4, "max_tokens": 
 
 
 def _page(rows: list[dict]) -> str:
-    return index_page(rows, summarize(rows, [report_rows.header()], len(rows)), ())[0]
+    return index_page(rows, summarize(rows, [report_rows.header()], len(rows)), (), kinds=evidence_kinds())[0]
 
 
 def test_the_section_shows_each_cells_draws_and_the_shrunk_one() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from reports.html import write_report
+from harness.oracles import evidence_kinds
 from harness.results.reader import summarize
 from tests import report_rows
 from tests.binaries import required_binary
@@ -56,7 +57,7 @@ def test_headless_chromium_renders_the_located_combination_and_anchors(tmp_path:
     rows = report_rows.rows(300, seed=2)
     rows[0]["factors"]["model"] = rows[0]["cell_id"] = PAYLOAD  # data that looks like markup stays text
     runs = [report_rows.header(command=PAYLOAD)]
-    write_report(tmp_path / "report", rows, summarize(rows, runs, len(rows)))
+    write_report(tmp_path / "report", rows, summarize(rows, runs, len(rows)), kinds=evidence_kinds())
     done = subprocess.run([binary, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
                            (tmp_path / "report" / "index.html").as_uri()], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -9,6 +9,7 @@ import pytest
 
 from reports import evidence
 from reports.html import index_page
+from harness.oracles import evidence_kinds
 from harness.results.locate import analyze
 from harness.results.reader import summarize
 from tests import recorded_hosts, report_rows
@@ -23,7 +24,7 @@ def sample() -> list[dict]:
 
 def page(rows: list[dict], runs: list[dict] | None = None, probes: list[dict] = ()) -> str:
     runs = [report_rows.header()] if runs is None else runs
-    return index_page(rows, summarize(rows, runs, len(rows)), probes)[0]
+    return index_page(rows, summarize(rows, runs, len(rows)), probes, kinds=evidence_kinds())[0]
 
 
 def test_analysis_pins_every_rule_of_the_full_product() -> None:
@@ -178,7 +179,8 @@ def test_each_failing_or_xfail_cell_shows_its_repro_command(sample: list[dict]) 
     assert failing
     rows[0]["status"], xpass = "xfail", next(row for row in rows[1:] if row["status"] == "pass")
     xpass["status"] = "xpass"
-    html = index_page(rows, summarize(rows, [report_rows.header()], len(rows)), report_dir="reports/run 1")[0]
+    html = index_page(rows, summarize(rows, [report_rows.header()], len(rows)), report_dir="reports/run 1",
+                      kinds=evidence_kinds())[0]
     shown = set(re.findall(r"python -m harness repro &#39;reports/run 1&#39; --cell ([^<\s]+)</code>", html))
     assert {rows[0]["cell_id"], *(row["cell_id"] for row in failing)} <= shown
     assert xpass["cell_id"] not in shown
@@ -204,3 +206,9 @@ def test_the_run_table_shows_each_hosts_record_and_names_what_differs_between_ho
     gpu = {**runs[1], "machine": {**runs[1]["machine"], "gpu": {"name": "NVIDIA H100", "capability": "9.0",
                                                                   "driver": "550.54.15", "cuda": "12.4"}}}
     assert "NVIDIA H100, compute 9.0, driver 550.54.15, CUDA 12.4" in page(rows[1:], [gpu])
+
+
+def test_every_view_an_oracle_declares_is_one_the_report_draws() -> None:
+    kinds = evidence_kinds()
+    assert set(kinds.values()) <= set(evidence.KINDS), kinds
+    assert kinds["tokens"] == "tokens" and "completeness" not in kinds  # a declared view, and the table by default
