@@ -284,3 +284,64 @@ def test_what_an_oracle_reads_is_narrow() -> None:
     wide = {cls.__name__: len(fields(cls)) for cls in (PassView, Traits, SpecTraits, CacheTraits, PassResult)
             if len(fields(cls)) > MAX_VIEW_FIELDS}
     assert not wide, wide
+
+
+#: a comparison that may test a name: ``==``, ``!=``, and ``in`` / ``not in`` a literal tuple, list or set.
+_EQUALITY, _MEMBERSHIP = (ast.Eq, ast.NotEq), (ast.In, ast.NotIn)
+
+
+def compared_strings(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    """(string, line) for every string literal a comparison tests a value against (``x == "a"``, ``"a" != x``,
+    ``x in ("a", "b")``) and every ``case "a":`` of a ``match``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.MatchValue) and isinstance(node.value, ast.Constant):
+            yield node.value.value, node.lineno
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, sides, sides[1:]):
+            if isinstance(op, _EQUALITY):
+                yield from ((side.value, node.lineno) for side in (left, right) if isinstance(side, ast.Constant))
+            elif isinstance(op, _MEMBERSHIP) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+                yield from ((item.value, node.lineno) for item in right.elts if isinstance(item, ast.Constant))
+
+
+def registered_names() -> dict[str, str]:
+    """Every built-in oracle's and engine's name → the module (or package) that declares it, the one place that may
+    compare a value with it."""
+    from harness import oracles, sut
+
+    return {**{oracle.name: oracle.judge.__module__ for oracle in oracles.BUILTIN}, **sut.BUILTIN}
+
+
+def names_compared_outside_their_module(path: Path, source: str, owners: dict[str, str]) -> list[str]:
+    """The comparisons in ``path`` (its text ``source``) with an oracle's or an engine's name, where ``path`` is not
+    that oracle's or engine's own module."""
+    module = module_name(path)
+    return [f"{path.relative_to(ROOT)}:{line} compares with {value!r} (declared in {owners[value]})"
+            for value, line in compared_strings(ast.parse(source, filename=str(path)))
+            if isinstance(value, str) and value in owners
+            and module != owners[value] and not module.startswith(owners[value] + ".")]
+
+
+def test_no_code_branches_on_an_oracle_or_engine_name_outside_its_own_module() -> None:
+    """An oracle's view and reproducer needs are in its declaration, an engine's behaviour in its package: nothing in
+    harness/ or reports/ compares a value with a built-in oracle's name outside ``harness/oracles/<name>.py``, or with
+    an engine's outside ``harness/sut/<engine>/`` (an API name such as llama.cpp's ``[server] api`` is no engine's)."""
+    owners = registered_names()
+    bad = [finding for path in [*source_files("harness"), *source_files("reports")]
+           for finding in names_compared_outside_their_module(path, path.read_text(), owners)]
+    assert not bad, bad
+
+
+def test_the_name_check_sees_a_branch_and_spares_the_owner() -> None:
+    owners = registered_names()
+    branches = ('if check.oracle == "tokens": pass', 'ok = "cached_tokens" != name', 'x = o in ["nan", "other"]',
+                'if engine in {"vllm"}: pass', 'match oracle:\n    case "pd_audit": pass')
+    here = ROOT / "reports" / "evidence.py"
+    assert all(names_compared_outside_their_module(here, code, owners) for code in branches)
+    plain = ('tolerances.get("logprobs")', 'for kind in ("logprobs", "tie"): pass', 'x = "tokens" in row["oracles"]',
+             'if api != "llamacpp": pass')
+    assert not any(names_compared_outside_their_module(here, code, owners) for code in plain)
+    assert not names_compared_outside_their_module(ROOT / "harness" / "oracles" / "tokens.py", branches[0], owners)
+    assert not names_compared_outside_their_module(ROOT / "harness" / "sut" / "vllm" / "engine.py", branches[3], owners)
