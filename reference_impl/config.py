@@ -98,7 +98,7 @@ class ModelConfig:
 DENSE = ModelConfig(name="dense", layer_types=("attention",) * 4)
 HYBRID = ModelConfig(name="hybrid", layer_types=("attention", "mamba", "attention", "mamba"))
 #: DENSE at head_dim 32, the one change vLLM's CPU attention needs (its kernels start at head_dim 32; 16 fails
-#: every forward): exported as a Llama checkpoint (harness/sut/checkpoints.py), both engines serve one function;
+#: every forward): exported as a Llama checkpoint (harness/models/checkpoints.py), both engines serve one function;
 #: a matrix names it by import path, ``model = ["reference_impl.config:DENSE32"]``.
 DENSE32 = replace(DENSE, name="dense32", head_dim=32)
 

@@ -149,8 +149,9 @@ def test_registry_levels_resolve(factor: str) -> None:
 
 #: harness's layers, top down: an import goes to the same layer or a lower one, never up, never across. The
 #: matrix reads its engine's declaration (its levels) and the oracles' names; an oracle reads what an engine
-#: applied (``Traits``) and writes a verdict (``results.rows``); a reproducer re-runs cells (``repro`` over ``run``).
-HARNESS_LAYERS = {"entry": 6, "repro": 5, "run": 4, "matrix": 3, "oracles": 2, "sut": 1, "results": 1}
+#: applied (``Traits``) and writes a verdict (``results.rows``); a reproducer re-runs cells (``repro`` over ``run``);
+#: the models the engines serve are made below them all (``models``).
+HARNESS_LAYERS = {"entry": 6, "repro": 5, "run": 4, "matrix": 3, "oracles": 2, "sut": 1, "results": 1, "models": 0}
 #: the entry points: ``python -m harness``, the pytest plugin and the command line (the only importers of reports/).
 HARNESS_ENTRY = {"harness.__main__", "harness.pytest_plugin"}
 

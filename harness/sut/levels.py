@@ -68,7 +68,7 @@ class EngineLevels:
                     None)
 
 
-#: the models made here (harness.sut.checkpoints); any other model level of a real engine is a checkpoint path.
+#: the models made here (harness.models.checkpoints); any other model level of a real engine is a checkpoint path.
 MADE_MODELS = ("dense", "hybrid", "smollm2")
 
 

@@ -1,5 +1,5 @@
 """The reference model as an engine loads it (``load_model``): seeded, or a trained checkpoint's weights read under
-their Hugging Face Llama names, the one table a served checkpoint is also made by (``harness.sut.checkpoints``)."""
+their Hugging Face Llama names, the one table a served checkpoint is also made by (``harness.models.checkpoints``)."""
 from __future__ import annotations
 
 from functools import lru_cache

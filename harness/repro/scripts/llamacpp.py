@@ -20,9 +20,9 @@ from harness.repro.scripts.text import (
     Command, assemble, definitions, docstring, literal, script_data, toggle_comment, workload_and_check,
 )
 from harness.repro.standalone import llamacpp as standalone
-from harness.sut import gguf_weights, weights
-from harness.sut.checkpoints import serves_shipped_gguf
-from harness.sut.gguf_export import GGUF_CHECKPOINTS, gguf_file
+from harness.models import gguf_weights, weights
+from harness.models.checkpoints import serves_shipped_gguf
+from harness.models.gguf_export import GGUF_CHECKPOINTS, gguf_file
 from harness.sut.openai import LEVELS
 from harness.sut.openai.launch import Launch, llama_server_path
 

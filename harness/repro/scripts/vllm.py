@@ -14,8 +14,8 @@ from harness.repro.scripts.text import (
     Command, assemble, definitions, docstring, literal, script_data, toggle_comment, workload_and_check,
 )
 from harness.repro.standalone import vllm as standalone
-from harness.sut import weights
-from harness.sut.checkpoints import checkpoint_dir
+from harness.models import weights
+from harness.models.checkpoints import checkpoint_dir
 from harness.sut.vllm import ENGINE, LEVELS, child, vllm_python
 from harness.sut.vllm.arguments import engine_arguments, tight_blocks
 from harness.sut.vllm.child import DEFAULT_ARGS, FORCED_ARGS

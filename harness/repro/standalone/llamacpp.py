@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import NoReturn
 
 # a script carries weights', gguf_weights' and the checks' definitions beside these
-from ...sut.gguf_weights import write_gguf
-from ...sut.weights import dense_tensors
+from ...models.gguf_weights import write_gguf
+from ...models.weights import dense_tensors
 from .checks import cannot_judge
 
 #: llama-server's speculative counters (``/metrics``, started with ``--metrics``), by the key a pass gives them.

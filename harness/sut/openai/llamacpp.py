@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from fixtures.spec_expect import ModelRule, Proposer, SimpleNgramRule
 from fixtures.workloads import CachedExpectation, Workload
 from harness.sut.base import Applied, PassResult, Traits
-from harness.sut.checkpoints import DRAFT_LAYERS, SERVED_DENSE
+from harness.models.checkpoints import DRAFT_LAYERS, SERVED_DENSE
 from harness.sut.openai.slots import MAX_STATES, Budget, Request, Sequences, Server, SlotConfig, feasible
 from harness.sut.openai.wire import ServerError
 from harness.sut.rules import disabled
@@ -69,7 +69,7 @@ SPEC_FLAGS = ("--spec-type", *DRAFT_MODEL_FLAGS)
 #: synthetic acceptance (benchmarking: drafts accepted at random, common/arg.cpp)
 SYNTH_FLAGS = ("--spec-synth-len", "--spec-synth-rates", "LLAMA_ARG_SPEC_SYNTH_LEN", "LLAMA_ARG_SPEC_SYNTH_RATES")
 #: GGUF architectures whose memory is a KV cache that drops a sequence's tail (``common_context_can_seq_rm``: a
-#: partly accepted draft's rest is dropped): the one ``harness.sut.gguf_export`` writes. A recurrent or hybrid target
+#: partly accepted draft's rest is dropped): the one ``harness.models.gguf_export`` writes. A recurrent or hybrid target
 #: has llama.cpp verify the accepted part again from a checkpoint (``spec_is_replay``), a step no replay models; its
 #: log at the default verbosity does not say which memory it made, so the target's GGUF does
 REPLAYED_ARCHITECTURES = frozenset({"llama"})
@@ -140,8 +140,8 @@ def spec_rule(settings: Mapping[str, object], n_ctx: int | None, architecture: s
 
 
 def _made_here(settings: Mapping[str, object]) -> bool:
-    """Whether the server runs the dense model's GGUF with the draft's (``harness.sut.gguf_export``)."""
-    from harness.sut.gguf_export import gguf_file
+    """Whether the server runs the dense model's GGUF with the draft's (``harness.models.gguf_export``)."""
+    from harness.models.gguf_export import gguf_file
 
     return (settings["model"], settings["draft_model"]) == (str(gguf_file("dense")), str(gguf_file("draft")))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from fixtures.workloads.boundary import Seams
-from harness.sut.checkpoints import MAX_POSITIONS, vocab_size
+from harness.models.checkpoints import MAX_POSITIONS, vocab_size
 from harness.sut.openai.table import placeholders
 
 #: each server's step budget where the launch sets none

@@ -63,8 +63,8 @@ COUNTERS = ("drafts", "draft_tokens", "accepted_tokens", "verify_steps")
 #: a counter's source: ``metric NAME`` (a Prometheus counter on ``metrics``, its delta over the pass, summed
 #: over label sets) or ``response PATH`` (a number in each response, summed over the pass's requests).
 SOURCES = ("metric", "response")
-#: artefacts a template may name, made on first use: checkpoints (harness.sut.checkpoints), their GGUF
-#: (harness.sut.gguf_export), and the interpreters and binaries this project builds.
+#: artefacts a template may name, made on first use: checkpoints (harness.models.checkpoints), their GGUF
+#: (harness.models.gguf_export), and the interpreters and binaries this project builds.
 PLACEHOLDERS = ("checkpoint", "gguf", "draft_checkpoint", "draft_gguf", "eagle_checkpoint",
                 "sglang_eagle_checkpoint", "vllm_python", "sglang_python", "llama_server", "root")
 #: the placeholders that stand for the cell's ``model`` level (its checkpoint, its GGUF).

@@ -51,7 +51,7 @@ LEVELS = EngineLevels(
 )
 
 
-#: a model made here for the real engines (harness.sut.checkpoints) → the reference model level that computes the same
+#: a model made here for the real engines (harness.models.checkpoints) → the reference model level that computes the same
 #: function: DENSE at head_dim 32, named by import path (a level of its own would join every fault matrix's models);
 #: a trained model's checkpoint read into the reference (``harness.sut.reference.trained``).
 MADE_MODEL_LEVELS: Mapping[str, str] = MappingProxyType({"dense": "reference_impl.config:DENSE32",

@@ -1,5 +1,5 @@
 """Trained models the reference engine computes (``MADE_MODEL_LEVELS``): a ``ModelConfig`` read from the Llama
-checkpoint the harness makes for the real engines (``harness.sut.checkpoints``), whose weights replace the seeded
+checkpoint the harness makes for the real engines (``harness.models.checkpoints``), whose weights replace the seeded
 ones. A level names one by import path (``harness.sut.reference.trained:SMOLLM2``); the checkpoint is built on first
 use, not when this module is imported (PEP 562 ``__getattr__``)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ CHECKPOINTS = {"SMOLLM2": "smollm2"}
 
 def reference_config(checkpoint: str) -> ModelConfig:
     """The reference model of a Llama ``checkpoint`` (config.json's shape, model.safetensors' weights)."""
-    from harness.sut.checkpoints import checkpoint_dir
+    from harness.models.checkpoints import checkpoint_dir
 
     directory = checkpoint_dir(checkpoint)
     config = json.loads((directory / "config.json").read_text())

@@ -118,7 +118,7 @@ def _seams(levels: Mapping[str, object], engine_args: Mapping[str, object]) -> S
     raised is read back by the cell's first run), its proposer's draft tokens, ``max_model_len`` (the checkpoints'
     ``max_position_embeddings``; a tight cell's follows the workload's blocks, ``arguments.tight_blocks``)."""
     from fixtures.workloads.boundary import Seams
-    from harness.sut.checkpoints import MAX_POSITIONS, vocab_size
+    from harness.models.checkpoints import MAX_POSITIONS, vocab_size
 
     k = int(levels["num_draft_tokens"]) if levels["spec"] != "none" else 0
     context = None if levels["kv_capacity"] == "tight" else int(engine_args.get("max_model_len", MAX_POSITIONS))

@@ -35,7 +35,7 @@ from pathlib import Path
 from fixtures.spec_expect import LookupRule, ModelRule, Proposer
 from fixtures.workloads import Workload
 from harness.sut.base import Applied
-from harness.sut.checkpoints import DRAFT_LAYERS, MAX_POSITIONS, SERVED_DENSE, checkpoint_dir, draft_of
+from harness.models.checkpoints import DRAFT_LAYERS, MAX_POSITIONS, SERVED_DENSE, checkpoint_dir, draft_of
 from harness.sut.vllm.connectors import tier_config
 
 #: the ngram level's prompt lookup, suffix n-grams of 2 to 4 tokens, as vLLM 0.32.0 drafts it.
@@ -53,7 +53,7 @@ VLLM_LOOKUP = LookupRule("vLLM's rule", min_n=2, max_n=4, earliest=True, within_
 #: ``layers`` layers (None: all), the context tokens it skips). vLLM's draft_model proposer runs its draft greedily over
 #: the whole context (``v1/spec_decode/draft_model.py``); its EAGLE proposer feeds the head token j + 1 at position j
 #: (``v1/spec_decode/eagle.py``, ``propose``), and the head made here is the dense model behind a zero layer
-#: (``harness.sut.checkpoints.eagle_tensors``): the dense model over the context less its first token.
+#: (``harness.models.checkpoints.eagle_tensors``): the dense model over the context less its first token.
 MODEL_DRAFTS = {
     "draft": ("the draft (the dense model's first layer)", SERVED_DENSE, DRAFT_LAYERS, 0),
     "eagle": ("the EAGLE head (the dense model one token behind)", SERVED_DENSE, None, 1),

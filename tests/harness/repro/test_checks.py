@@ -12,7 +12,7 @@ import pytest
 
 from harness.repro.scripts.text import assemble
 from harness.repro.standalone import checks, reference, vllm
-from harness.sut import weights
+from harness.models import weights
 from harness.sut.host import KERNEL_FLAGS, cpu_flags
 
 AMX_XEON = "processor\t: 0\nflags\t\t: fpu sse4_2 avx2 avx512f avx512_bf16 amx_bf16 avx512_fp16 amx_tile amx_int8\n"
@@ -118,11 +118,11 @@ def test_the_standalone_code_imports_nothing_of_kvmatrix(module, engine: set[str
 
 def test_the_inline_dense_recipe_is_the_checkpoint_the_engines_serve(tmp_path) -> None:
     """A vLLM or llama.cpp script rebuilds the served dense model from its seed: the very tensors
-    harness.sut.checkpoints exports from the reference model, and a checkpoint directory an engine loads."""
+    harness.models.checkpoints exports from the reference model, and a checkpoint directory an engine loads."""
     import torch
     from safetensors.torch import load_file
 
-    from harness.sut.checkpoints import SERVED_DENSE, dense_tensors, llama_config
+    from harness.models.checkpoints import SERVED_DENSE, dense_tensors, llama_config
 
     config = llama_config(SERVED_DENSE)
     inline, exported = weights.dense_tensors(config, SERVED_DENSE.seed), dense_tensors(SERVED_DENSE)

@@ -13,7 +13,7 @@ from harness.repro.finding import ReproError
 from harness.repro.scripts import llamacpp as writer, writer_for
 from harness.repro.scripts.recipes import RECIPES
 from harness.repro.standalone import llamacpp as standalone
-from harness.sut.gguf_export import gguf_file
+from harness.models.gguf_export import gguf_file
 
 ROOT = Path(__file__).resolve().parents[3]
 STAND_IN = ROOT / "tests" / "findings" / "stand_in" / "bin" / "llama-server"

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from harness.repro.scripts import text, vllm as writer
 from harness.repro.scripts.text import definitions
 from harness.repro.standalone import checks, vllm as standalone
-from harness.sut.checkpoints import (
+from harness.models.checkpoints import (
     HYBRID_SEED, SERVED_DENSE, dense_tensors, draft_tensors, eagle_tensors, hybrid_config, hybrid_tensors,
 )
 from harness.sut.vllm import child

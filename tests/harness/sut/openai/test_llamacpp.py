@@ -19,7 +19,7 @@ from harness.oracles import cached_tokens, logprobs
 from harness.oracles.view import PassView
 from harness.run.plan import plan_cell
 from harness.sut.base import CacheTraits, PassResult, SpecTraits, Traits
-from harness.sut.checkpoints import DRAFT_LAYERS, SERVED_DENSE
+from harness.models.checkpoints import DRAFT_LAYERS, SERVED_DENSE
 from harness.sut.openai.llamacpp import (LlamaCppSlots, asked, gguf_architecture, read_back, slot_config,
                                         spec_rule)
 from harness.sut.openai.slots import SlotConfig
@@ -77,7 +77,7 @@ DRAFT = ["-m", "/c/dense.gguf", "--spec-type", "draft-simple", "-md", "/c/draft.
 @pytest.fixture
 def made_here(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GGUF exports at the paths ``DRAFT`` names (no export written)."""
-    monkeypatch.setattr("harness.sut.gguf_export.gguf_file", lambda name: Path(f"/c/{name}.gguf"))
+    monkeypatch.setattr("harness.models.gguf_export.gguf_file", lambda name: Path(f"/c/{name}.gguf"))
 
 
 def test_the_ngram_simple_proposer_is_replayed_with_the_n_and_m_asked_and_the_slots_context() -> None:
@@ -114,7 +114,7 @@ def test_no_replay_for_a_proposer_whose_drafts_the_tokens_do_not_settle(argv, en
 
 
 def test_the_architecture_is_read_from_the_targets_gguf(tmp_path: Path) -> None:
-    from harness.sut.gguf_export import gguf_file
+    from harness.models.gguf_export import gguf_file
 
     assert gguf_architecture(str(gguf_file("dense"))) == "llama"
     (tmp_path / "x.gguf").write_bytes(b"not a gguf")
@@ -293,7 +293,7 @@ PASSES = ROOT / "tests" / "data" / "llamacpp"
 @pytest.fixture
 def recorded_ggufs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GGUF exports as a recording names them (``{gguf}``, ``{draft_gguf}``: scripts/record-llamacpp-pass)."""
-    monkeypatch.setattr("harness.sut.gguf_export.gguf_file",
+    monkeypatch.setattr("harness.models.gguf_export.gguf_file",
                         lambda name: Path("{gguf}" if name == "dense" else "{draft_gguf}"))
 
 

@@ -99,7 +99,7 @@ def test_metrics_diff_per_pass() -> None:
 def test_sglangs_eagle_head_is_vllms_in_sglangs_layout() -> None:
     from safetensors.torch import load_file
 
-    from harness.sut.checkpoints import checkpoint_dir
+    from harness.models.checkpoints import checkpoint_dir
 
     vllm_head, sglang_head = checkpoint_dir("eagle"), checkpoint_dir("sglang_eagle")
     assert json.loads((sglang_head / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle"]

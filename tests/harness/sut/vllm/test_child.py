@@ -22,8 +22,8 @@ import torch
 
 from fixtures.workloads import load_workload
 from harness.sut.reference.engine import build_engine_config, make_engine
-from harness.sut import checkpoints
-from harness.sut.checkpoints import SERVED_DENSE, checkpoint_dir
+from harness.models import checkpoints
+from harness.models.checkpoints import SERVED_DENSE, checkpoint_dir
 from tests.binaries import required_path
 from safetensors.torch import load_file
 

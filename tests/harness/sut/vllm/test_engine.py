@@ -24,7 +24,7 @@ from harness.run.golden import GoldenRuns
 from harness.run.cell import run_cell
 from harness.sut.vllm import protocol, vllm_python
 from harness.run.session import check_runnable
-from harness.sut.checkpoints import DRAFT_LAYERS, MAX_POSITIONS, SERVED_DENSE
+from harness.models.checkpoints import DRAFT_LAYERS, MAX_POSITIONS, SERVED_DENSE
 from harness.sut.rules import SHARED
 from harness.sut.vllm.protocol import EngineChildError, request_output
 from harness.sut.vllm.arguments import VLLM_LOOKUP, engine_arguments, tight_blocks

@@ -4,14 +4,14 @@
 - vLLM serves a LlamaForCausalLM checkpoint of the same weights dequantized to fp32 (``hf_tensors``): every
   tensor is the GGUF's block values times their scale (plus minimum), exactly as ``gguf.quants.dequantize`` and
   ggml compute them, under Hugging Face's names, with q and k rows permuted back from llama.cpp's adjacent-pair
-  RoPE to rotate-half (the inverse of ``harness.sut.gguf_export.rope_permute``, as transformers' GGUF loader does).
+  RoPE to rotate-half (the inverse of ``harness.models.gguf_export.rope_permute``, as transformers' GGUF loader does).
 - The draft is the same model cut to its first ``DRAFT_LAYERS`` layers, final norm and tied head kept (LayerSkip-
   style self-speculation with no training): its greedy token is the target's on the easy steps and not on the hard
   ones, so a verify step accepts some of a draft and rejects the rest. For vLLM the first layers of the fp32
   checkpoint; for llama.cpp a GGUF of the shipped tensors of those layers (``write_draft_gguf``), bytes unchanged,
   with the shipped tokenizer, so llama-server finds the two vocabularies compatible.
 
-``harness.sut.checkpoints`` wraps these in its recipes (``smollm2``, ``smollm2_draft``) and caches the result.
+``harness.models.checkpoints`` wraps these in its recipes (``smollm2``, ``smollm2_draft``) and caches the result.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The GGUF export of the dense and draft checkpoints (harness/sut/gguf_export.py): what llama.cpp reads back.
+"""The GGUF export of the dense and draft checkpoints (harness/models/gguf_export.py): what llama.cpp reads back.
 
 Metadata and tensors read back with ``gguf.GGUFReader`` must match the checkpoint's config.json and
 safetensors, q/k rows permuted to llama.cpp's adjacent-pair RoPE. The test marked ``llamacpp`` serves the
@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import load_file
 
 from fixtures.workloads import Workload, load_workload
-from harness.sut.checkpoints import checkpoint_dir
-from harness.sut.gguf_export import GGUF_CHECKPOINTS, gguf_file
-from harness.sut.gguf_weights import rope_permute
+from harness.models.checkpoints import checkpoint_dir
+from harness.models.gguf_export import GGUF_CHECKPOINTS, gguf_file
+from harness.models.gguf_weights import rope_permute
 from harness.sut.reference.engine import build_engine_config
 from harness.sut.openai.launch import HOST, free_port, llama_server_path
 from harness.sut.openai.server import ServerProcess

