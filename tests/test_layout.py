@@ -253,6 +253,42 @@ def test_no_harness_module_is_over_400_lines() -> None:
     assert not long, long
 
 
+def reached_engines(graph: dict[str, set[str]], package: str, engines: list[str]) -> list[str]:
+    """The other engine packages that ``package``'s modules import, directly or through modules outside it (a shared
+    module that imports an engine package is no way round): each as the import path that reaches it."""
+    paths = {m: [m] for m in graph if m == package or m.startswith(package + ".")}
+    queue, found = list(paths), []
+    while queue:
+        module = queue.pop(0)
+        for target in sorted(graph.get(module, ())):
+            if target in paths:
+                continue
+            owner = next((e for e in engines if target == e or target.startswith(e + ".")), None)
+            paths[target] = [*paths[module], target]
+            if owner is not None and owner != package:
+                found.append(" -> ".join(paths[target]))
+            elif owner is None:
+                queue.append(target)
+    return found
+
+
+def test_engine_packages_import_no_other_engine_package() -> None:
+    """Each engine is one package: what two share (vLLM's rules for its offline and server paths,
+    ``harness.sut.vllm_common``) lives below both, and the cross_engine reference is found by what an engine computes,
+    not imported (``harness.sut.cross_golden``)."""
+    from harness import sut
+
+    engines, graph = sorted(sut.BUILTIN.values()), module_graph("harness")
+    bad = [path for package in engines for path in reached_engines(graph, package, engines)]
+    assert not bad, bad
+
+
+def test_the_engine_import_check_sees_a_reach_through_a_shared_module() -> None:
+    graph = {"e.a": {"e.a.x"}, "e.a.x": {"shared"}, "shared": {"e.b.y"}, "e.b": set(), "e.b.y": set()}
+    assert reached_engines(graph, "e.a", ["e.a", "e.b"]) == ["e.a.x -> shared -> e.b.y"]
+    assert reached_engines(graph, "e.b", ["e.a", "e.b"]) == []
+
+
 #: an engine's packages: the only places that may name an engine (its registry line in harness/sut/__init__.py aside).
 ENGINE_PACKAGES = ("harness/sut/reference/", "harness/sut/vllm/", "harness/sut/openai/")
 _NAMED_ENGINE = re.compile(r"""(==|!=|\bin)\s*\(?\s*["'](reference|vllm|openai)["']|["'](reference|vllm|openai)["']\s*(==|!=)|"""

@@ -96,7 +96,7 @@ def plan_cell(matrix: Matrix, cell: Cell, faults: frozenset[str]) -> CellPlan:
     spec_levels = spec_golden_levels(levels, golden_levels, engine)
     if spec_levels is not None:
         goldens["spec_golden"] = GoldenConfig(engine, spec_levels, args)
-    cross = sut.engine(engine).cross_golden(sut.engine(engine).levels.full(levels), args)
+    cross = sut.cross_golden(engine, sut.engine(engine).levels.full(levels), args)
     if cross is not None:
         goldens["cross_engine"] = GoldenConfig(*cross)
     known = tuple(KnownFailure(entry.number, entry.fails, tuple(entry.signature.items()))

@@ -66,6 +66,21 @@ def engine(name: str) -> Engine:
     return found
 
 
+def cross_golden(name: str, levels: Mapping[str, object],
+                 engine_args: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
+    """The cross_engine oracle's reference for a cell of engine ``name`` (full levels, engine arguments): the first
+    other known engine that computes the made model the cell serves, with its golden levels; None where none does.
+    The engines never name each other: each declares what it serves (``made_model``) and computes (``computes``)."""
+    made = engine(name).made_model(levels, engine_args)
+    if made is None:
+        return None
+    for other in known():
+        golden = engine(other).computes(made) if other != name else None
+        if golden is not None:
+            return other, golden
+    return None
+
+
 @contextmanager
 def opened(name: str, levels: Mapping[str, object], faults: frozenset[str], device: str,
            engine_args: Mapping[str, object]) -> Iterator[CellEngine]:

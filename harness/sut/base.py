@@ -218,9 +218,13 @@ def no_seams(levels: Mapping[str, object], engine_args: Mapping[str, object]) ->
     return None
 
 
-def no_cross_golden(levels: Mapping[str, object],
-                    engine_args: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
-    """An engine no other engine serves the same function as."""
+def no_made_model(levels: Mapping[str, object], engine_args: Mapping[str, object]) -> str | None:
+    """An engine whose cells serve no model made here: no other engine computes the same function."""
+    return None
+
+
+def computes_none(made_model: str) -> dict[str, object] | None:
+    """An engine that computes none of the models made here as another engine's reference."""
     return None
 
 
@@ -240,10 +244,12 @@ class Engine:
     parse_tables: ParseTables = no_tables
     #: why the program it launches is not here (not built, not installed), found when the matrix is loaded
     launch_problem: Callable[[Mapping[str, object]], str | None] = no_launch_problem
-    #: the other engine (name, golden levels) that serves the same function as a cell's full levels and engine
-    #: arguments: the cross_engine oracle's reference
-    cross_golden: Callable[[Mapping[str, object], Mapping[str, object]],
-                           tuple[str, dict[str, object]] | None] = no_cross_golden
+    #: the model made here (``levels.MADE_MODELS``) whose weights a cell (full levels, engine arguments) serves as
+    #: they were made, None where it serves other weights: another engine that ``computes`` it is the cross_engine
+    #: oracle's reference (``harness.sut.cross_golden``)
+    made_model: Callable[[Mapping[str, object], Mapping[str, object]], str | None] = no_made_model
+    #: the golden levels with which it computes a made model's function, None for one it does not
+    computes: Callable[[str], dict[str, object] | None] = computes_none
     #: the version of what it drives, read without starting it (the run header records it; ``--resume`` refuses
     #: to mix rows of two versions)
     version: Callable[[Mapping[str, object]], str | None] = no_version

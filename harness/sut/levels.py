@@ -72,6 +72,13 @@ class EngineLevels:
 MADE_MODELS = ("dense", "hybrid", "smollm2")
 
 
+def served_made_model(levels: Mapping[str, object], engine_args: Mapping[str, object]) -> str | None:
+    """The model made here that a real engine's cell serves (its ``model`` level), None for a checkpoint path: an
+    ``Engine.made_model`` for engines that serve the checkpoints as they were made."""
+    model = str(levels["model"])
+    return model if model in MADE_MODELS else None
+
+
 def check_served_level(factor: str, level: object, choices: Mapping[str, tuple[str, ...]], counts: tuple[str, ...]) -> None:
     """A real engine's level: one of its choices, a positive count, or a model made here (or a checkpoint path);
     ``KeyError`` for a factor it does not know."""

@@ -16,16 +16,19 @@ from harness.repro.scripts.text import (
 from harness.repro.standalone import vllm as standalone
 from harness.models import weights
 from harness.models.checkpoints import checkpoint_dir
-from harness.sut.vllm import ENGINE, LEVELS, child, vllm_python
+from harness.sut.vllm import ENGINE, LEVELS, child
 from harness.sut.vllm.arguments import engine_arguments, tight_blocks
 from harness.sut.vllm.child import DEFAULT_ARGS, FORCED_ARGS
 from harness.sut.vllm.connectors import PD_ROLES, pd_config
 from harness.sut.vllm.pd import TIER_PAIR_ARGS
+from harness.sut.vllm_common import metrics
+from harness.sut.vllm_common.interpreter import vllm_python
 
 #: where a storage tier's directory goes in the arguments (the script gives each setting a temporary one).
 TIER = Path("tier")
-#: what the standalone engine code reads metrics and the KV layout with: the harness child's own, copied in.
-CHILD_DEFINITIONS = ("CONNECTOR_COUNTERS", "NIXL_BYTES", "SPEC_COUNTERS", "connector_counters", "kv_layout")
+#: what the standalone engine code reads the speculative counters and the KV layout with: the harness child's own, copied
+#: in (the connector counters: ``vllm_common.metrics``, whole).
+CHILD_DEFINITIONS = ("SPEC_COUNTERS", "kv_layout")
 
 
 def python() -> str:
@@ -113,7 +116,7 @@ def render(finding: Mapping) -> str:
     script = finding["script"]
     failing, toggled = script["failing"], script["toggled"]
     pd = "decode" in failing or "decode" in toggled
-    sources = [definitions(weights), definitions(child, CHILD_DEFINITIONS), definitions(standalone)]
+    sources = [definitions(weights), definitions(metrics), definitions(child, CHILD_DEFINITIONS), definitions(standalone)]
     doc = docstring(finding, "vLLM's offline API", [], [
         "Run it with vLLM's interpreter (it imports vllm, torch and safetensors alone; no model download):",
         f"  {command(Path('repro.py')).text()}",

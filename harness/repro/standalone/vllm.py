@@ -19,7 +19,8 @@ import traceback
 from pathlib import Path
 
 # a script carries these definitions beside its own
-from ...sut.vllm.child import SPEC_COUNTERS, connector_counters, kv_layout
+from ...sut.vllm.child import SPEC_COUNTERS, kv_layout
+from ...sut.vllm_common.metrics import connector_counters
 from ...models.weights import dense_tensors, eagle_head, hybrid_tensors, write_checkpoint
 
 #: what vLLM's toy proxy sends the prefill engine (with max_tokens 1): the decode side will read this request's KV.

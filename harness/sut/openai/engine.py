@@ -33,7 +33,7 @@ from harness.sut.openai.launch import Launch, free_port
 from harness.sut.openai.server import ServerProcess
 from harness.sut.openai.wire import API, Reply, ServerError, field_at, metric_sums, pass_counters, request_output
 from harness.sut.process import LOGS_ENV
-from harness.sut.vllm.connectors import nixl_backoff
+from harness.sut.vllm_common.cache import nixl_backoff
 from reference_impl.request import RequestOutput, RequestSpec
 
 #: the top logprobs asked per step: the top-2 margin tells a tie from a divergence.

@@ -61,7 +61,7 @@ def artefact(name: str, levels: Mapping[str, object]) -> str:
         wanted = model if name == "gguf" else draft_of(model)
         return str(trained_gguf(wanted) if serves_shipped_gguf(model) else gguf_file(wanted))
     if name == "vllm_python":
-        from harness.sut.vllm import vllm_python
+        from harness.sut.vllm_common.interpreter import vllm_python
 
         return str(vllm_python())
     if name == "sglang_python":

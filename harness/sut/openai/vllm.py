@@ -3,8 +3,9 @@ connectors moved.
 
 What was asked is read from the launch (vLLM's own flags, ``vllm/engine/arg_utils.py``), in the ``vllm.LLM``
 argument names the offline engine uses, so a server cell is judged by the offline engine's rules
-(``harness.sut.vllm``): the settings it applied compared by ``arguments.read_back``, its prefix cache by
-``engine.cache_rule`` on the block size it used, its proposer replayed by ``arguments.replay_rule``. What it applied
+(``harness.sut.vllm_common``, shared with ``harness.sut.vllm``): the settings it applied compared by
+``applied.read_back``, its prefix cache by ``cache.cache_rule`` on the block size it used, its proposer replayed by
+``spec.replay_rule``. What it applied
 is ``GET /server_info?config_format=json`` (a development endpoint: ``VLLM_SERVER_DEV_MODE=1``), the ``VllmConfig``
 the engine runs with (num_gpu_blocks included: the engine core runs in the server's process).
 """
@@ -19,9 +20,10 @@ from typing import TYPE_CHECKING
 from harness.sut.base import Traits
 from harness.sut.openai.launch import flag_value
 from harness.sut.openai.wire import ServerError, samples
-from harness.sut.vllm.arguments import drops_eagle_block, read_back, replay_rule, whole_drafts
-from harness.sut.vllm.child import CONNECTOR_COUNTERS, NIXL_BYTES, connector_counters
-from harness.sut.vllm.engine import applied_traits, cache_rule
+from harness.sut.vllm_common.applied import applied_traits, read_back
+from harness.sut.vllm_common.cache import cache_rule
+from harness.sut.vllm_common.metrics import CONNECTOR_COUNTERS, NIXL_BYTES, connector_counters
+from harness.sut.vllm_common.spec import drops_eagle_block, replay_rule, whole_drafts
 
 if TYPE_CHECKING:
     from harness.sut.openai.launch import Launch
@@ -98,7 +100,7 @@ def read_traits(process: ServerProcess, launch: Launch, traits: Traits, timeout_
 
 def moved(metrics: str) -> dict[str, int]:
     """What vLLM's KV connectors moved so far, from its Prometheus exposition, in the offline child's keys
-    (``child.connector_counters``): counters lose their ``_total``, NIXL's byte histogram keeps its sum and count."""
+    (``metrics.connector_counters``): counters lose their ``_total``, NIXL's byte histogram keeps its sum and count."""
     wanted = {name for name, _ in CONNECTOR_COUNTERS.values()}
     records: list[SimpleNamespace] = []
     histograms: dict[str, SimpleNamespace] = {}

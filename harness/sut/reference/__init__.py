@@ -61,13 +61,11 @@ MADE_MODEL_LEVELS: Mapping[str, str] = MappingProxyType({"dense": "reference_imp
 MADE_MODEL_GOLDEN: Mapping[str, Mapping[str, object]] = MappingProxyType({"smollm2": {"deterministic": "off"}})
 
 
-def serving_made_model(levels: Mapping[str, object],
-                       engine_args: Mapping[str, object]) -> tuple[str, dict[str, object]] | None:
-    """The reference engine's golden levels serving the weights a real engine's cell was given (its ``model``), for
-    the cross_engine oracle; None for a model the reference does not compute."""
-    name = str(levels["model"])
-    model = MADE_MODEL_LEVELS.get(name)
-    return ("reference", {**LEVELS.golden, "model": model, **MADE_MODEL_GOLDEN.get(name, {})}) if model else None
+def _computes(made_model: str) -> dict[str, object] | None:
+    """The reference's golden levels computing a model made here for the real engines (the cross_engine oracle's
+    reference for their cells); None for one it does not compute."""
+    model = MADE_MODEL_LEVELS.get(made_model)
+    return {**LEVELS.golden, "model": model, **MADE_MODEL_GOLDEN.get(made_model, {})} if model else None
 
 
 def _seams(levels: Mapping[str, object], engine_args: Mapping[str, object]) -> Seams:
@@ -88,4 +86,4 @@ def _open(levels: Mapping[str, object], faults: frozenset[str], device: str,
     return ReferenceEngine(levels, faults, device)
 
 
-ENGINE = Engine(levels=LEVELS, open=_open, in_process=True, seams=_seams)
+ENGINE = Engine(levels=LEVELS, open=_open, in_process=True, seams=_seams, computes=_computes)

@@ -5,22 +5,18 @@ imports vllm (``engine`` drives ``child.py`` over line-delimited JSON).
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from harness.sut.base import CellEngine, Engine
 from harness.sut.host import cpu_flags
-from harness.sut.levels import EngineLevels, describe_served, Refusal, TableError, check_served_level
-from harness.sut.reference import serving_made_model
+from harness.sut.vllm_common.interpreter import PYTHON_ENV, vllm_python
+from harness.sut.levels import EngineLevels, describe_served, Refusal, TableError, check_served_level, served_made_model
 
 if TYPE_CHECKING:
     from fixtures.workloads.boundary import Seams
 
-PYTHON_ENV = "KVMATRIX_VLLM_PYTHON"
-DEFAULT_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 
 CHOICES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "cache": ("off", "device", "storage", "offload", "cpu_offload", "lmcache"),
@@ -92,11 +88,6 @@ LEVELS = EngineLevels(
 )
 
 
-def vllm_python() -> Path:
-    """The interpreter of vLLM's environment: ``$KVMATRIX_VLLM_PYTHON``, else ``.venv-vllm``."""
-    return Path(os.environ.get(PYTHON_ENV) or DEFAULT_PYTHON)
-
-
 def _parse_tables(doc: Mapping[str, object], factors: Mapping[str, tuple[object, ...]],
                   golden: Mapping[str, object]) -> Mapping[str, object]:
     """``[engine_args]``: ``vllm.LLM`` keyword arguments passed through as they are, after the levels'."""
@@ -163,5 +154,5 @@ def _build(engine_args: Mapping[str, object]) -> dict[str, str]:
 
 
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("engine_args",), parse_tables=_parse_tables,
-                launch_problem=_launch_problem, cross_golden=serving_made_model, version=_version,
+                launch_problem=_launch_problem, made_model=served_made_model, version=_version,
                 build=_build, seams=_seams)

@@ -59,20 +59,8 @@ SPEC_COUNTERS = {
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-#: what a KV connector moved, by the key the answer gives it: prometheus counters (name, label to match), and the
-#: sum and count of NIXL's per-transfer byte histogram.
-CONNECTOR_COUNTERS = {
-    "local_compute": ("vllm:prompt_tokens_by_source", "local_compute"),
-    "local_cache_hit": ("vllm:prompt_tokens_by_source", "local_cache_hit"),
-    "external_kv_transfer": ("vllm:prompt_tokens_by_source", "external_kv_transfer"),
-    "prompt_tokens": ("vllm:prompt_tokens", None),
-    "prefix_cache_hits": ("vllm:prefix_cache_hits", None),
-    "external_prefix_cache_queries": ("vllm:external_prefix_cache_queries", None),
-    "external_prefix_cache_hits": ("vllm:external_prefix_cache_hits", None),
-    "nixl_failed_transfers": ("vllm:nixl_num_failed_transfers", None),
-}
-NIXL_BYTES = "vllm:nixl_bytes_transferred"
 INPUTS = Path(__file__).parents[1] / "inputs.py"  # what a call is handed, compared after it (standard library only)
+METRICS = Path(__file__).parents[1] / "vllm_common" / "metrics.py"
 
 
 class ProtocolError(ValueError):
@@ -214,6 +202,11 @@ def sibling(name: str, path: Path | None = None) -> Any:
     return module
 
 
+#: what vLLM's KV connectors moved, read from its metrics as its api_server's reading reads them
+#: (``harness.sut.vllm_common.metrics``: standard library only, loaded by its path)
+connector_counters = sibling("metrics", METRICS).connector_counters
+
+
 def hold_one_request() -> None:
     """Raise a tight cell's KV blocks (``num_gpu_blocks_override``, the harness's ``tight_blocks``) to vLLM's own
     least for one request of ``max_model_len``, counted over its KV cache groups as its start-up check counts them
@@ -304,19 +297,6 @@ def request_output(rid: str, result: Any, top: int) -> dict:
     return {"rid": rid, "tokens": tokens, "logprobs": logprobs, "top_ids": top_ids, "top_logprobs": top_logprobs,
             "num_cached_tokens": result.num_cached_tokens or 0, "finish_reason": completion.finish_reason,
             "kv_transfer_params": result.kv_transfer_params}
-
-
-def connector_counters(metrics: list) -> dict:
-    """What KV connectors moved so far (``CONNECTOR_COUNTERS``, and NIXL's bytes and transfers), summed over engines."""
-    out = dict.fromkeys([*CONNECTOR_COUNTERS, "nixl_bytes", "nixl_transfers"], 0)
-    for metric in metrics:
-        for key, (name, source) in CONNECTOR_COUNTERS.items():
-            if metric.name == name and (source is None or metric.labels.get("source") == source):
-                out[key] += int(metric.value)
-        if metric.name == NIXL_BYTES:
-            out["nixl_bytes"] += int(metric.sum)
-            out["nixl_transfers"] += int(metric.count)
-    return out
 
 
 def spec_counters(metrics: list) -> dict:

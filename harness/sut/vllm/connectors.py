@@ -1,5 +1,6 @@
 """vLLM's KV connectors as a cell's levels make them: the tier below the prefix cache (``cache``) and the PD handoff
-(``pd``), each a ``kv_transfer_config``; and the rules of what each moves, from vLLM's own source.
+(``pd``), each a ``kv_transfer_config``. The rules of what each moves, from vLLM's own source, are
+``harness.sut.vllm_common.cache``'s (shared with the api_server's path).
 
 ======================  ================================================================================
 cache = storage         ``ExampleConnector`` (``kv_both``) over a directory of the cell's own: the disk tier
@@ -16,12 +17,8 @@ pd × a tier             the prefill engine's PD connector and the tier under ``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fixtures.workloads import CachedExpectation, Workload, best_hit
-from harness.sut.base import PassResult, Traits
-from harness.sut.rules import SHARED
 
 #: the tier levels of ``cache`` and the connector each names (``device`` and ``off`` have none).
 TIER_CONNECTORS: Mapping[str, str] = {
@@ -80,53 +77,3 @@ def pd_config(level: str, role: str, tier: Mapping | None = None) -> dict:
         return config
     return {"kv_connector": "MultiConnector", "kv_role": role,
             "kv_connector_extra_config": {"connectors": [config, dict(tier)]}}
-
-
-# -- what each connector moves, by vLLM's source ---------------------------------------------------------------
-def example_tier_hit(prompt_tokens: int, block_size: int) -> int:
-    """Tokens ``ExampleConnector`` loads for a prompt whose key is in its directory: it keys a whole prompt by the
-    hash of ``align_to_block_size(len(prompt) - 1)`` tokens, ``(n - 1) // block * block`` of ``n = len - 1``
-    (``example_connector.py``: ``get_num_new_matched_tokens``, ``align_to_block_size``), so one block less than the
-    prefix cache whenever ``len - 1`` is a multiple of the block; a prompt sharing fewer tokens hits nothing."""
-    return max(prompt_tokens - 2, 0) // block_size * block_size
-
-
-def nixl_backoff(hybrid: bool) -> int:
-    """Prompt tokens the decode side computes itself instead of reading them: none on an attention model, one on a
-    Mamba hybrid, whose decoder needs the state h(N - 1) (``nixl/base_scheduler.py``, ``_prefill_backoff`` and
-    ``_truncate_request_for_prefill``: the prefill side stops that many tokens short)."""
-    return 1 if hybrid else 0
-
-
-@dataclass(frozen=True, slots=True)
-class ExampleConnectorTier:
-    """How a ``cache = storage`` cell's hits are granted (its ``CacheTraits.rule``): the cold pass starts from an empty
-    tier and follows the shared page rule, the tier's share left free (a later round may load a key an earlier one
-    stored, and vLLM reports no per-request split); every later pass follows a device-cache reset, so each request
-    loads at least its own prompt's key from the tier (``example_tier_hit``), and at most that or what the pass's
-    other prompts share with it in whole blocks (the device cache, refilled within the pass). No host tier: its
-    share is 0."""
-
-    name: str = ("ExampleConnector's disk tier: a whole prompt keyed by its block-aligned length - 1 "
-                 "(vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py), the device cache above it")
-
-    def expected(self, workload: Workload, traits: Traits, name: str,
-                 passes: Mapping[str, PassResult]) -> dict[str, CachedExpectation]:
-        """rid → the cached tokens allowed in pass ``name``."""
-        pages = SHARED.expected(workload, traits, name, passes)
-        if traits.pressed and name == "cold":  # a preempted request is recomputed: it may load its own saved key
-            own = {r.rid: example_tier_hit(len(r.prompt), pages[r.rid].page_size) for r in workload.requests}
-            return {rid: replace(e, hi=max(e.hi, own[rid]), host=0, storage=None, basis=self.name)
-                    for rid, e in pages.items()}
-        if name == "cold" or traits.aborts_allowed or not traits.cache.enabled:
-            return {rid: replace(e, host=0, storage=None, basis=self.name) for rid, e in pages.items()}
-        expected = {}
-        for request in workload.requests:
-            page = pages[request.rid]
-            tier = example_tier_hit(len(request.prompt), page.page_size)
-            others = [r.prompt for r in workload.requests if r is not request]
-            device = best_hit(request.prompt, others, page_size=page.page_size, state_interval=page.page_size,
-                              hybrid=False)
-            expected[request.rid] = CachedExpectation(tier, max(tier, device), page.page_size, host=0, storage=None,
-                                                      basis=self.name)
-        return expected

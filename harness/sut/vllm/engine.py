@@ -13,43 +13,26 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from fixtures.workloads import Workload
-from harness.sut.base import Applied, CacheRule, CacheTraits, PassResult, SpecTraits, Totals, Traits
+from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
 from harness.sut.inputs import InputsCheck
-from harness.sut.rules import SHARED
 from harness.sut.vllm import LEVELS
-from harness.sut.vllm.arguments import engine_arguments, read_back, replay_rule, tight_blocks, whole_drafts
-from harness.sut.vllm.connectors import ExampleConnectorTier, nixl_backoff
-from harness.sut.vllm.cache_rules import EagleDropsLastBlock, EvictedUnderPressure, PrefillSideShort
+from harness.sut.vllm.arguments import engine_arguments, tight_blocks
 from harness.sut.vllm.pd import PdPair, PdSystem
 from harness.sut.vllm.protocol import (
     INSIDE_COUNTERS, SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, add_counters, add_inputs, audit_problems, field,
     request_output, serve_message, start_message,
 )
+from harness.sut.vllm_common.applied import applied_traits, read_back
+from harness.sut.vllm_common.cache import cache_rule, nixl_backoff
+from harness.sut.vllm_common.spec import replay_rule, replays_hits, whole_drafts
 from reference_impl.request import RequestSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def cache_rule(levels: Mapping[str, object], drops_eagle_block: bool | None = None) -> CacheRule | None:
-    """The rule a vLLM cell's hits are judged by: a disk tier's, else one block fewer where vLLM drops the last matched
-    block for an EAGLE head (``drops_eagle_block``: as read back from the engine; None: as the levels ask, spec =
-    eagle without eagle_block_drop = off; vLLM drops it from the prefix cache's hit, not a connector's), then a
-    ceiling only in a tight KV cache, all on the prompts a NIXL pair's prefill side serves (a Mamba hybrid's one
-    token short: ``PrefillSideShort``); None for the shared paged rule."""
-    if drops_eagle_block is None:
-        drops_eagle_block = levels["spec"] == "eagle" and levels.get("eagle_block_drop", "on") == "on"
-    rule = ExampleConnectorTier() if levels["cache"] == "storage" else None
-    if drops_eagle_block and rule is None:  # the drop is the prefix cache's; a connector's hit keeps its block
-        rule = EagleDropsLastBlock()
-    rule = EvictedUnderPressure(rule or SHARED) if levels["kv_capacity"] == "tight" else rule
-    backoff = nixl_backoff(levels["model"] == "hybrid") if levels.get("pd", "off") == "nixl" else 0
-    return PrefillSideShort(rule or SHARED, backoff) if backoff else rule
 
 
 def vllm_traits(levels: Mapping[str, object], arguments: Mapping[str, object] | None = None) -> Traits:
@@ -69,31 +52,6 @@ def vllm_traits(levels: Mapping[str, object], arguments: Mapping[str, object] | 
                           rule=cache_rule(levels)),
         audited=levels["audit"] == "on", pd=levels["pd"] != "off", pressed=levels["kv_capacity"] == "tight",
     )
-
-
-def applied_traits(traits: Traits, applied: tuple[Applied, ...], levels: Mapping[str, object]) -> Traits:
-    """``traits`` with what vLLM applied read back: its cache judged by the block size it used (vLLM raises a hybrid
-    model's attention block to hold a Mamba state's page: ``vllm/model_executor/models/config.py``) and by the EAGLE
-    block drop it applied (``levels``: the cell's, for the rest of its cache rule)."""
-    used = {setting.what: setting.used for setting in applied}
-    page = used.get("page_size", traits.cache.page_size)
-    page = page if isinstance(page, int) else traits.cache.page_size
-    drops = used.get("eagle_block_drop")
-    if not isinstance(drops, bool):
-        drops = None
-    rule = traits.cache.rule if drops is None else cache_rule(levels, drops)
-    cache = replace(traits.cache, page_size=page, chunk_size=page, state_interval=page, rule=rule)
-    spec = traits.spec if drops is None else replace(traits.spec, replay_hits=replays_hits(traits.spec.method, drops))
-    return replace(traits, cache=cache, spec=spec, applied=applied)
-
-
-def replays_hits(spec: str, drops_eagle_block: bool) -> bool:
-    """Whether a pass with prefix-cache hits can be replayed. Not where vLLM keeps an EAGLE head's last matched block
-    (``disable_eagle_block_drop``): the head reads token j + 1 at position j, so its KV at a block's last position
-    was written with the token after the block in the request that filled it, and another request's drafts over it
-    are not the request's own. That is why vLLM drops the block (PR #17137); the option is there "for measuring the
-    acceptance-rate impact" (``SpeculativeConfig.disable_eagle_block_drop``)."""
-    return spec != "eagle" or drops_eagle_block
 
 
 class VllmEngine:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.sut.inputs import InputsCheck
 from harness.sut.process import ProcessGroup, raised_first
-from harness.sut.vllm import PYTHON_ENV, vllm_python
+from harness.sut.vllm_common.interpreter import PYTHON_ENV, vllm_python
 from reference_impl.request import RequestOutput, RequestSpec
 
 CHILD = Path(__file__).with_name("child.py")

@@ -83,7 +83,8 @@ def test_each_engine_serves_smollm2_with_its_own_draft() -> None:
     replay of vLLM's draft stays the dense model's (it does not run smollm2)."""
     from harness.sut.openai.launch import artefact
     from harness.sut.vllm import LEVELS
-    from harness.sut.vllm.arguments import engine_arguments, replay_rule
+    from harness.sut.vllm.arguments import engine_arguments
+    from harness.sut.vllm_common.spec import replay_rule
 
     smollm2_levels = {"model": "smollm2"}
     assert artefact("gguf", smollm2_levels) == str(smollm2.shipped_gguf())

@@ -13,8 +13,9 @@ from fixtures.spec_expect import replay_trace
 from fixtures.workloads import load_workload
 from harness.oracles import oracles
 from harness.sut.vllm import LEVELS as VLLM
-from harness.sut.vllm.arguments import VLLM_LOOKUP, engine_arguments
+from harness.sut.vllm.arguments import engine_arguments
 from harness.sut.vllm.engine import vllm_traits
+from harness.sut.vllm_common.spec import VLLM_LOOKUP
 from tests.harness.oracles.test_oracles import output, view
 
 ORACLES = oracles()

@@ -195,7 +195,7 @@ def test_a_tiered_pairs_warm_pass_holds_the_decode_side_to_a_cold_pass() -> None
     from its tier (the client sees the tier's hit); the decode side, with no tier, hits only what the pass itself
     shares (5 × 32 of system_prompt's 6 prompts), as in the cold pass."""
     from harness.sut.vllm import LEVELS
-    from harness.sut.vllm.connectors import ExampleConnectorTier
+    from harness.sut.vllm_common.cache import ExampleConnectorTier
     from harness.sut.vllm.engine import vllm_traits
     from tests.harness.oracles.test_oracles import output
 

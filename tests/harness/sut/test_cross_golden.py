@@ -3,6 +3,8 @@
 (llama.cpp's SmolLM2 cells serve the wheel's Q4_1 GGUF as shipped)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from harness import sut
@@ -14,7 +16,7 @@ def cross(matrix_name: str) -> list[tuple[str, dict] | None]:
     """Every cell's cross golden, as the cell's plan asks its engine for it."""
     matrix = load_matrix(matrix_name)
     engine = sut.engine(matrix.engine)
-    return [engine.cross_golden(engine.levels.full(cell.as_dict()), dict(matrix.engine_args))
+    return [sut.cross_golden(matrix.engine, engine.levels.full(cell.as_dict()), dict(matrix.engine_args))
             for cell in generate(matrix)]
 
 
@@ -36,3 +38,21 @@ def test_llama_cpps_dense_cells_keep_theirs() -> None:
     golden = cross("llamacpp_smoke")
     assert golden and all(g is not None and g[1]["model"] == "reference_impl.config:DENSE32" for g in golden)
     assert all(g[1]["deterministic"] == "on" for g in golden)
+
+
+def test_the_reference_is_found_by_what_it_computes_not_by_name() -> None:
+    """An engine that computes nothing is no one's reference; one registered that computes a made model is found when
+    the built-ins do not compute it, and an engine is never its own reference."""
+    reference = sut.engine("reference")
+    assert reference.computes("hybrid") is None and reference.computes("dense") is not None
+    levels = sut.engine("vllm").levels.full({"model": "hybrid"})
+    assert sut.cross_golden("vllm", levels, {}) is None
+    toy = replace(reference, levels=replace(reference.levels, name="toy_hybrid"),
+                  computes=lambda made: {"model": "toy"} if made == "hybrid" else None,
+                  made_model=lambda levels, args: "hybrid")
+    sut.register(toy)
+    try:
+        assert sut.cross_golden("vllm", levels, {}) == ("toy_hybrid", {"model": "toy"})
+        assert sut.cross_golden("toy_hybrid", levels, {}) is None
+    finally:
+        sut.unregister("toy_hybrid")

@@ -24,7 +24,7 @@ from harness.sut.openai.llamacpp import (LlamaCppSlots, asked, gguf_architecture
                                         spec_rule)
 from harness.sut.openai.slots import SlotConfig
 from harness.sut.openai.wire import request_output
-from harness.sut.vllm.arguments import VLLM_LOOKUP
+from harness.sut.vllm_common.spec import VLLM_LOOKUP
 from reference_impl.request import RequestOutput, RequestSpec
 
 ROOT = Path(__file__).resolve().parents[4]

@@ -16,7 +16,7 @@ from harness.sut.openai import LEVELS
 from harness.sut.openai.engine import server_traits
 from harness.sut.openai.vllm import applied_config, asked, judged_traits, moved
 from harness.sut.openai.wire import ServerError
-from harness.sut.vllm.cache_rules import EagleDropsLastBlock
+from harness.sut.vllm_common.cache import EagleDropsLastBlock
 
 DATA = Path(__file__).resolve().parents[3] / "data" / "vllm"
 SERVER = load_matrix("vllm_server").engine_args

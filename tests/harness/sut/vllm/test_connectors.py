@@ -8,8 +8,9 @@ import pytest
 from fixtures.workloads import load_workload
 from harness.sut.vllm import LEVELS
 from harness.sut.vllm.arguments import engine_arguments
-from harness.sut.vllm.connectors import ExampleConnectorTier, example_tier_hit, nixl_backoff, pd_config, tier_config
+from harness.sut.vllm.connectors import pd_config, tier_config
 from harness.sut.vllm.engine import vllm_traits
+from harness.sut.vllm_common.cache import ExampleConnectorTier, example_tier_hit, nixl_backoff
 
 
 def test_a_storage_cell_puts_example_connector_in_its_own_directory(tmp_path: Path) -> None:

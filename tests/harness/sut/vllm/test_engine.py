@@ -27,8 +27,9 @@ from harness.run.session import check_runnable
 from harness.models.checkpoints import DRAFT_LAYERS, MAX_POSITIONS, SERVED_DENSE
 from harness.sut.rules import SHARED
 from harness.sut.vllm.protocol import EngineChildError, request_output
-from harness.sut.vllm.arguments import VLLM_LOOKUP, engine_arguments, tight_blocks
+from harness.sut.vllm.arguments import engine_arguments, tight_blocks
 from harness.sut.vllm.engine import vllm_traits
+from harness.sut.vllm_common.spec import VLLM_LOOKUP
 from tests.binaries import required_path
 from tests.harness.sut.vllm.stand_in import point_vllm_at
 

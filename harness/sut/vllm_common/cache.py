@@ -1,5 +1,6 @@
-"""How vLLM's prefix cache grants hits where the shared paged rule does not say it: with an EAGLE proposer, and
-under KV pressure. Each wraps another rule (the shared one, or a tier's) and cites the vLLM source it models.
+"""How vLLM's prefix cache grants hits where the shared paged rule does not say it: with an EAGLE proposer, under KV
+pressure, over NIXL on a hybrid, from ExampleConnector's disk tier; ``cache_rule`` picks a cell's. Each wraps another
+rule (the shared one, or a tier's) and cites the vLLM source it models.
 
 EAGLE: the head drafts from the target's hidden states at the position before the generation point, which a cache
 hit would skip, so vLLM recomputes the last matched block: ``find_longest_cache_hit`` in
@@ -29,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from fixtures.workloads import CachedExpectation, Workload
+from fixtures.workloads import CachedExpectation, Workload, best_hit
 from harness.sut.base import CacheRule, PassResult, Traits
 from harness.sut.rules import SHARED
 from reference_impl.request import RequestSpec
@@ -106,3 +107,68 @@ def shortened(request: RequestSpec, backoff: int) -> RequestSpec:
     if not backoff or len(request.prompt) <= backoff:
         return request
     return replace(request, prompt=request.prompt[:-backoff])
+
+
+def example_tier_hit(prompt_tokens: int, block_size: int) -> int:
+    """Tokens ``ExampleConnector`` loads for a prompt whose key is in its directory: it keys a whole prompt by the
+    hash of ``align_to_block_size(len(prompt) - 1)`` tokens, ``(n - 1) // block * block`` of ``n = len - 1``
+    (``example_connector.py``: ``get_num_new_matched_tokens``, ``align_to_block_size``), so one block less than the
+    prefix cache whenever ``len - 1`` is a multiple of the block; a prompt sharing fewer tokens hits nothing."""
+    return max(prompt_tokens - 2, 0) // block_size * block_size
+
+
+def nixl_backoff(hybrid: bool) -> int:
+    """Prompt tokens the decode side computes itself instead of reading them: none on an attention model, one on a
+    Mamba hybrid, whose decoder needs the state h(N - 1) (``nixl/base_scheduler.py``, ``_prefill_backoff`` and
+    ``_truncate_request_for_prefill``: the prefill side stops that many tokens short)."""
+    return 1 if hybrid else 0
+
+
+@dataclass(frozen=True, slots=True)
+class ExampleConnectorTier:
+    """How a ``cache = storage`` cell's hits are granted (its ``CacheTraits.rule``): the cold pass starts from an empty
+    tier and follows the shared page rule, the tier's share left free (a later round may load a key an earlier one
+    stored, and vLLM reports no per-request split); every later pass follows a device-cache reset, so each request
+    loads at least its own prompt's key from the tier (``example_tier_hit``), and at most that or what the pass's
+    other prompts share with it in whole blocks (the device cache, refilled within the pass). No host tier: its
+    share is 0."""
+
+    name: str = ("ExampleConnector's disk tier: a whole prompt keyed by its block-aligned length - 1 "
+                 "(vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py), the device cache above it")
+
+    def expected(self, workload: Workload, traits: Traits, name: str,
+                 passes: Mapping[str, PassResult]) -> dict[str, CachedExpectation]:
+        """rid → the cached tokens allowed in pass ``name``."""
+        pages = SHARED.expected(workload, traits, name, passes)
+        if traits.pressed and name == "cold":  # a preempted request is recomputed: it may load its own saved key
+            own = {r.rid: example_tier_hit(len(r.prompt), pages[r.rid].page_size) for r in workload.requests}
+            return {rid: replace(e, hi=max(e.hi, own[rid]), host=0, storage=None, basis=self.name)
+                    for rid, e in pages.items()}
+        if name == "cold" or traits.aborts_allowed or not traits.cache.enabled:
+            return {rid: replace(e, host=0, storage=None, basis=self.name) for rid, e in pages.items()}
+        expected = {}
+        for request in workload.requests:
+            page = pages[request.rid]
+            tier = example_tier_hit(len(request.prompt), page.page_size)
+            others = [r.prompt for r in workload.requests if r is not request]
+            device = best_hit(request.prompt, others, page_size=page.page_size, state_interval=page.page_size,
+                              hybrid=False)
+            expected[request.rid] = CachedExpectation(tier, max(tier, device), page.page_size, host=0, storage=None,
+                                                      basis=self.name)
+        return expected
+
+
+def cache_rule(levels: Mapping[str, object], drops_eagle_block: bool | None = None) -> CacheRule | None:
+    """The rule a vLLM cell's hits are judged by: a disk tier's, else one block fewer where vLLM drops the last matched
+    block for an EAGLE head (``drops_eagle_block``: as read back from the engine; None: as the levels ask, spec =
+    eagle without eagle_block_drop = off; vLLM drops it from the prefix cache's hit, not a connector's), then a
+    ceiling only in a tight KV cache, all on the prompts a NIXL pair's prefill side serves (a Mamba hybrid's one
+    token short: ``PrefillSideShort``); None for the shared paged rule."""
+    if drops_eagle_block is None:
+        drops_eagle_block = levels["spec"] == "eagle" and levels.get("eagle_block_drop", "on") == "on"
+    rule = ExampleConnectorTier() if levels["cache"] == "storage" else None
+    if drops_eagle_block and rule is None:  # the drop is the prefix cache's; a connector's hit keeps its block
+        rule = EagleDropsLastBlock()
+    rule = EvictedUnderPressure(rule or SHARED) if levels["kv_capacity"] == "tight" else rule
+    backoff = nixl_backoff(levels["model"] == "hybrid") if levels.get("pd", "off") == "nixl" else 0
+    return PrefillSideShort(rule or SHARED, backoff) if backoff else rule

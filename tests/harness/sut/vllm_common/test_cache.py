@@ -7,8 +7,8 @@ from fixtures.workloads import CachedExpectation, load_workload
 from harness.oracles import oracles
 from harness.sut.rules import SHARED
 from harness.sut.vllm import LEVELS
-from harness.sut.vllm.cache_rules import EagleDropsLastBlock, EvictedUnderPressure
 from harness.sut.vllm.engine import vllm_traits
+from harness.sut.vllm_common.cache import EagleDropsLastBlock, EvictedUnderPressure
 from tests.harness.oracles.test_oracles import output, view
 
 ORACLES = oracles()
@@ -40,8 +40,8 @@ def test_listed_values_lose_a_block_each_and_a_single_block_hit_becomes_none() -
 def test_eagle_block_drop_off_asks_vllm_to_keep_the_block_and_is_judged_by_what_vllm_applied() -> None:
     """eagle_block_drop = off is vLLM's disable_eagle_block_drop: the paged rule's whole hit is expected, and the rule
     follows the drop as read back from the engine, whichever was asked."""
-    from harness.sut.vllm.arguments import engine_arguments, read_back
-    from harness.sut.vllm.engine import applied_traits
+    from harness.sut.vllm.arguments import engine_arguments
+    from harness.sut.vllm_common.applied import applied_traits, read_back
 
     levels = LEVELS.full({"cache": "device", "spec": "eagle", "eagle_block_drop": "off"})
     arguments = engine_arguments(levels, {})
@@ -72,7 +72,7 @@ def test_a_tight_cell_allows_anything_up_to_the_paged_hit() -> None:
 def test_a_storage_cell_with_eagle_keeps_the_tiers_rule_and_a_pressed_cold_pass_may_load_its_own_key() -> None:
     """vLLM drops EAGLE's block from the prefix cache's hit only; under pressure a preempted request is recomputed
     and may load the key it saved in the same pass."""
-    from harness.sut.vllm.connectors import ExampleConnectorTier, example_tier_hit
+    from harness.sut.vllm_common.cache import ExampleConnectorTier, example_tier_hit
 
     traits = vllm_traits(LEVELS.full({"cache": "storage", "spec": "eagle", "kv_capacity": "tight", "page_size": 64}))
     assert isinstance(traits.cache.rule, EvictedUnderPressure) and isinstance(traits.cache.rule.inner, ExampleConnectorTier)
@@ -116,7 +116,7 @@ def test_a_hybrid_nixl_pairs_client_expects_the_prefill_sides_hit_on_prompts_one
     (``_truncate_request_for_prefill``, from ``on_new_request``), and that lookup leaves one token to compute
     (``get_computed_blocks``: ``request.num_tokens - 1``): a 65-token prompt whose 64-token block is cached hits
     nothing there, while the decode side, which looks the whole prompt up, hits the block."""
-    from harness.sut.vllm.cache_rules import PrefillSideShort
+    from harness.sut.vllm_common.cache import PrefillSideShort
 
     traits = vllm_traits(LEVELS.full(HYBRID_PD))
     rule = traits.cache.rule
@@ -149,7 +149,7 @@ def test_the_hybrid_nixl_cells_warm_pass_as_measured_meets_the_clients_rule() ->
 
 
 def test_only_a_hybrid_over_nixl_is_judged_on_shortened_prompts() -> None:
-    from harness.sut.vllm.cache_rules import PrefillSideShort
+    from harness.sut.vllm_common.cache import PrefillSideShort
 
     assert vllm_traits(LEVELS.full({**HYBRID_PD, "model": "dense"})).cache.rule is None
     assert vllm_traits(LEVELS.full({**HYBRID_PD, "pd": "off"})).cache.rule is None
