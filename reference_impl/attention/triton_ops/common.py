@@ -70,7 +70,7 @@ class LaunchShapes:
 #: compiled on a GPU: SGLang's shapes.
 COMPILED_SHAPES = LaunchShapes(extend_block_m=16, kv_split_cores=None, merge_one_split=True)
 #: under the interpreter: 2-4x fewer extend programs, at most 2 splits per small decode batch, no
-#: identity merge launch (BENCHMARKS.md, "Triton under the interpreter").
+#: identity merge launch (BENCHMARKS.md, "Pools and kernels").
 INTERPRETER_SHAPES = LaunchShapes(extend_block_m=32, kv_split_cores=4, merge_one_split=False)
 #: the shapes of this process, chosen once with ``INTERPRETED``.
 SHAPES = INTERPRETER_SHAPES if INTERPRETED else COMPILED_SHAPES
