@@ -127,7 +127,7 @@ llama-server: $(LLAMA_SERVER) $(SMOLLM2_STAMP)
 # building it also needs Debian's libnuma-dev. The wheel cached, neither is needed again. 0.4.6.post1 is the version
 # of the newest trees that could be had here (forks' mains of 2026-08-17 and 08-20, older than the 0.5.23 wheel of
 # 2026-10-30: enough for torch_native, not for intel_amx, whose attention ops 0.5.23 calls with more arguments than
-# these kernels take; BENCHMARKS.md, "SGLang 0.5.23 on CPU").
+# these kernels take; docs/log/benchmarks.md, "SGLang 0.5.23 on CPU").
 # torchvision comes in through timm as a CUDA build that cannot load its ops: kvmatrix_torchvision_schemas.py says
 # why and what it declares instead.
 SGLANG_VENV := .venv-sglang
