@@ -16,6 +16,7 @@ from harness.repro.scripts.text import (
 from harness.repro.standalone import vllm as standalone
 from harness.models import weights
 from harness.models.checkpoints import checkpoint_dir
+from harness.sut import inputs
 from harness.sut.vllm import ENGINE, LEVELS, child
 from harness.sut.vllm.arguments import engine_arguments, tight_blocks
 from harness.sut.vllm.child import DEFAULT_ARGS, FORCED_ARGS
@@ -116,7 +117,8 @@ def render(finding: Mapping) -> str:
     script = finding["script"]
     failing, toggled = script["failing"], script["toggled"]
     pd = "decode" in failing or "decode" in toggled
-    sources = [definitions(weights), definitions(metrics), definitions(child, CHILD_DEFINITIONS), definitions(standalone)]
+    sources = [definitions(weights), definitions(metrics), definitions(inputs), definitions(child, CHILD_DEFINITIONS),
+               definitions(standalone)]
     doc = docstring(finding, "vLLM's offline API", [], [
         "Run it with vLLM's interpreter (it imports vllm, torch and safetensors alone; no model download):",
         f"  {command(Path('repro.py')).text()}",

@@ -233,6 +233,14 @@ def judge_pd_audit(check: dict, failing: dict, toggled: dict) -> tuple[str, str,
     return "NIXL moves every KV cache group's blocks past the decode side's hit", "as expected", False
 
 
+def judge_inputs(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
+    """The engine leaves its caller's inputs as it got them: each request's prompt, sampling parameters and priority
+    compare equal after every call (an engine API that reaches no caller's object records no comparison)."""
+    changes = [(name, change) for name, result in failing["passes"].items() for change in result.get("inputs", [])]
+    got = "; ".join(f"{name} {c['request']} {c['field']}: {c['before']} -> {c['after']}" for name, c in changes[:3])
+    return "every input as it was handed", got or "every input as it was handed", bool(changes)
+
+
 def judge_error(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """The run with the failing setting raises ``CHECK["check"]``; the toggled one does not."""
     raised = failing["raised"]
@@ -242,7 +250,8 @@ def judge_error(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bo
 
 JUDGES = {"completeness": judge_completeness, "tokens": judge_tokens, "logprobs": judge_logprobs,
           "cached_tokens": judge_cached_tokens, "nan": judge_nan, "pool_audit": judge_pool_audit,
-          "accept_length": judge_accept_length, "pd_audit": judge_pd_audit, "error": judge_error}
+          "accept_length": judge_accept_length, "pd_audit": judge_pd_audit, "inputs": judge_inputs,
+          "error": judge_error}
 
 
 def describe(label: str, run: dict) -> str:
@@ -266,7 +275,7 @@ def describe(label: str, run: dict) -> str:
 
 
 #: checks that judge the failing run on its own (the toggled run is printed beside it, not compared with).
-INVARIANTS = ("completeness", "cached_tokens", "nan", "pool_audit", "pd_audit", "error")
+INVARIANTS = ("completeness", "cached_tokens", "nan", "pool_audit", "pd_audit", "inputs", "error")
 
 
 def reproduce(check: dict, failing: dict, toggled: dict, setting: str) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 # a script carries these definitions beside its own
 from ...sut.vllm.child import SPEC_COUNTERS, kv_layout
+from ...sut.inputs import Watch
 from ...sut.vllm_common.metrics import connector_counters
 from ...models.weights import dense_tensors, eagle_head, hybrid_tensors, write_checkpoint
 
@@ -95,7 +96,8 @@ def plain(rid: str, result) -> dict:
 def generate(llm, ask: dict) -> dict:
     """One round on ``llm``: each ``(rid, prompt, max_new_tokens, priority)`` greedy, exactly its tokens (or
     ``max_tokens``), with its side of a PD handoff (``handoffs``); the outputs and the counters it moved: the
-    speculative ones, and the KV connector's (``connector_counters``: NIXL's bytes, the prompt tokens by source)."""
+    speculative ones, and the KV connector's (``connector_counters``: NIXL's bytes, the prompt tokens by source); and
+    what ``LLM.generate`` changed of the prompts, sampling parameters and priorities it was handed (``Watch``)."""
     from vllm import SamplingParams, TokensPrompt
 
     group, handoffs = ask["group"], ask.get("handoffs") or [None] * len(ask["group"])
@@ -104,11 +106,14 @@ def generate(llm, ask: dict) -> dict:
                              or n, ignore_eos=True, logprobs=2, detokenize=False,
                              extra_args={"kv_transfer_params": handoff} if handoff else None)
               for (_, _, n, _), handoff in zip(group, handoffs)]
+    priorities = [priority for *_, priority in group]
+    watch = Watch.by_request([rid for rid, *_ in group], prompt=prompts, sampling_params=params, priority=priorities)
     before = llm.get_metrics()
-    results = llm.generate(prompts, params, use_tqdm=False, priority=[priority for *_, priority in group])
+    results = llm.generate(prompts, params, use_tqdm=False, priority=priorities)
     after = llm.get_metrics()
     return {"outputs": [plain(rid, result) for (rid, *_), result in zip(group, results)],
-            "spec": grown(spec_counters, before, after), "moved": grown(connector_counters, before, after)}
+            "spec": grown(spec_counters, before, after), "moved": grown(connector_counters, before, after),
+            "inputs": watch.changes()}
 
 
 def engine_main() -> None:
@@ -211,17 +216,20 @@ def serve(label: str, setting: dict, rounds: list[list[tuple]], directory: Path)
             if name == "warm" and not pair and "kv_transfer_config" in setting:
                 engines["engine"].ask({"reset": True})
             outputs, spec, moved = [], dict.fromkeys(SPEC_COUNTERS, 0), {"nixl_bytes": 0, "local_cache_hit": 0}
+            changed = []
             for group in rounds:
                 handoffs = None
                 if pair:
                     prefilled = engines["prefill"].ask({"group": group, "max_tokens": 1,
                                                         "handoffs": [PREFILL_PARAMS] * len(group)})
                     handoffs = [out["kv_transfer_params"] for out in prefilled["outputs"]]
+                    changed += [{**change, "side": "prefill"} for change in prefilled["inputs"]]
                 decoded = engines["decode" if pair else "engine"].ask({"group": group, "handoffs": handoffs})
+                changed += decoded["inputs"]
                 outputs += decoded["outputs"]
                 spec = {key: spec[key] + decoded["spec"][key] for key in SPEC_COUNTERS}
                 moved = {key: moved[key] + decoded["moved"][key] for key in moved}
-            run["passes"][name] = {"outputs": outputs, "audit": [], "nan_events": 0, "spec": spec}
+            run["passes"][name] = {"outputs": outputs, "audit": [], "nan_events": 0, "spec": spec, "inputs": changed}
             if pair:
                 run["passes"][name]["pd"] = {**layout, "bytes": moved["nixl_bytes"], "hit": moved["local_cache_hit"],
                                              "prompts": [len(prompt) for group in rounds for _, prompt, _, _ in group]}

@@ -101,7 +101,17 @@ def test_reproduce_exits_one_while_the_failure_shows_zero_once_fixed(capsys) -> 
 
 def test_every_oracle_a_script_judges_has_a_check() -> None:
     assert set(checks.JUDGES) == {"completeness", "tokens", "logprobs", "cached_tokens", "nan", "pool_audit",
-                                  "accept_length", "pd_audit", "error"}
+                                  "accept_length", "pd_audit", "inputs", "error"}
+
+
+def test_inputs_sees_an_input_the_engine_changed_and_passes_without_one() -> None:
+    changed = run(output("a", [1, 2]))
+    changed["passes"]["warm"] = {**changed["passes"]["warm"], "inputs": [
+        {"request": "a", "field": "prompt.prompt_token_ids[2:]", "before": "[]", "after": "[9]"}]}
+    expected, got, present = checks.judge_inputs({"oracle": "inputs"}, changed, run())
+    assert present and got == "warm a prompt.prompt_token_ids[2:]: [] -> [9]" and expected == "every input as it was handed"
+    assert not checks.judge_inputs({"oracle": "inputs"}, run(output("a", [1, 2])), run())[2]
+
 
 
 @pytest.mark.parametrize("module, engine", [(checks, set()), (reference, {"reference_impl"}),

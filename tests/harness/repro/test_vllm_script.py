@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import ast
 import inspect
+import sys
+import types
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -67,3 +70,34 @@ def test_the_script_copies_the_child_definitions_the_standalone_code_imports() -
     _, source = definitions(child, writer.CHILD_DEFINITIONS)
     defined = [name for node in ast.parse(source).body for name in text._defines(node)]
     assert sorted(defined) == sorted(writer.CHILD_DEFINITIONS)
+
+
+def test_the_standalone_generate_reports_an_input_the_engine_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script holds vLLM to its contract with its caller as the child does: a stand-in ``LLM.generate`` that
+    extends the prompt it was handed shows in the answer's ``inputs``; one that leaves it shows nothing."""
+
+    class Prompt(dict):
+        def __init__(self, prompt_token_ids: list[int]) -> None:
+            super().__init__(prompt_token_ids=prompt_token_ids)
+
+    class Params:
+        def __init__(self, **fields: object) -> None:
+            self.__dict__.update(fields)
+
+    class StandIn:
+        def __init__(self, mutates: bool) -> None:
+            self.mutates = mutates
+
+        def get_metrics(self) -> list:
+            return []
+
+        def generate(self, prompts: list, params: list, use_tqdm: bool, priority: list) -> list:
+            if self.mutates:
+                prompts[0]["prompt_token_ids"].append(9)
+            return []
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=Params, TokensPrompt=Prompt))
+    ask = {"group": [("r0", [1, 2], 2, 0)]}
+    changed = standalone.generate(StandIn(mutates=True), ask)["inputs"]
+    assert [(c["request"], c["field"]) for c in changed] == [("r0", "prompt.prompt_token_ids[2:]")]
+    assert standalone.generate(StandIn(mutates=False), ask)["inputs"] == []
