@@ -4,7 +4,7 @@ Side by side in one process, alternating, best of ``REPEATS``: each case is a ba
 matrix's Triton cells launch (one attention layer). "GPU shapes" are what the interpreter ran
 before it had shapes of its own (SGLang's, with 16 cores for the batch-dependent split count);
 "interpreter shapes" are ``INTERPRETER_SHAPES``. Both compute the same bits for every extend and
-for deterministic decode (tests/reference_impl/attention/test_triton_ops.py).
+for deterministic decode (tests/reference_impl/attention/test_triton_backend.py).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from reference_impl.attention.triton_backend import TritonBackend  # noqa: E402
 from reference_impl.attention.triton_ops.common import INTERPRETED, INTERPRETER_SHAPES, LaunchShapes  # noqa: E402
-from tests.reference_impl.attention.test_triton_ops import Case  # noqa: E402
+from tests.reference_impl.attention.test_triton_backend import Case  # noqa: E402
 
 GPU_SHAPES = LaunchShapes(extend_block_m=16, kv_split_cores=16, merge_one_split=True)
 REPEATS = 5

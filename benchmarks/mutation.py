@@ -28,13 +28,26 @@ sys.path.insert(0, str(ROOT))
 
 #: module groups mutated, and the unit tests that judge a mutant the matrix let through.
 GROUPS = {
-    "pd": ("reference_impl/pd", ["tests/reference_impl/pd/test_disagg.py", "tests/harness/oracles/test_pd_audit.py"]),
-    "cache": ("reference_impl/cache", ["tests/reference_impl/cache/test_radix.py", "tests/reference_impl/cache/test_host_cache.py", "tests/reference_impl/cache/test_storage_cache.py"]),
-    "memory": ("reference_impl/memory", ["tests/reference_impl/memory/test_unified.py", "tests/reference_impl/memory/test_poison.py", "tests/reference_impl/cache/test_host_cache.py",
-                                         "tests/reference_impl/pd/test_disagg.py"]),
-    "spec": ("reference_impl/spec", ["tests/reference_impl/spec/test_verify.py"]),
-    "engine": ("reference_impl/engine", ["tests/reference_impl/engine/test_llm_engine.py", "tests/reference_impl/spec/test_verify.py", "tests/reference_impl/cache/test_radix.py",
-                                         "tests/reference_impl/test_faults.py::test_fault_fails_exactly_its_trigger_cells[slot_stride_int32]"]),
+    "pd": ("reference_impl/pd", [
+        "tests/reference_impl/pd/test_disagg.py", "tests/reference_impl/pd/test_handoff.py",
+        "tests/reference_impl/pd/test_staging.py", "tests/harness/oracles/test_pd_audit.py"]),
+    "cache": ("reference_impl/cache", [
+        "tests/reference_impl/cache/test_radix.py", "tests/reference_impl/cache/test_host_cache.py",
+        "tests/reference_impl/memory/test_host.py", "tests/reference_impl/cache/test_storage_cache.py",
+        "tests/reference_impl/cache/store/test_backends.py"]),
+    "memory": ("reference_impl/memory", [
+        "tests/reference_impl/memory/test_unified.py", "tests/reference_impl/memory/test_poison.py",
+        "tests/reference_impl/cache/test_host_cache.py", "tests/reference_impl/memory/test_host.py",
+        "tests/reference_impl/pd/test_disagg.py", "tests/reference_impl/pd/test_handoff.py",
+        "tests/reference_impl/pd/test_staging.py"]),
+    "spec": ("reference_impl/spec", [
+        "tests/reference_impl/spec/test_verify.py", "tests/reference_impl/spec/test_ngram.py",
+        "tests/reference_impl/memory/test_engine_pools.py"]),
+    "engine": ("reference_impl/engine", [
+        "tests/reference_impl/engine/test_llm_engine.py", "tests/reference_impl/spec/test_verify.py",
+        "tests/reference_impl/spec/test_ngram.py", "tests/reference_impl/memory/test_engine_pools.py",
+        "tests/reference_impl/cache/test_radix.py",
+        "tests/reference_impl/test_faults.py::test_fault_fails_exactly_its_trigger_cells[slot_stride_int32]"]),
 }
 JUDGE_TIMEOUT_S, UNIT_TIMEOUT_S = 300, 300
 

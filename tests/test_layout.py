@@ -9,9 +9,9 @@ import ast
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import fields
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -382,3 +382,274 @@ def test_the_name_check_sees_a_branch_and_spares_the_owner() -> None:
     assert not any(names_compared_outside_their_module(here, code, owners) for code in plain)
     assert not names_compared_outside_their_module(ROOT / "harness" / "oracles" / "tokens.py", branches[0], owners)
     assert not names_compared_outside_their_module(ROOT / "harness" / "sut" / "vllm" / "engine.py", branches[3], owners)
+
+
+#: the packages each of whose modules is tested in the test module of its name: ``harness/a/b.py`` in
+#: ``tests/harness/a/test_b.py`` (and so for reference_impl/ and fixtures/), where a reader looks for it first.
+MIRRORED = ("harness", "reference_impl", "fixtures")
+_TRITON = ("tested through TritonBackend against dense attention in "
+           "tests/reference_impl/attention/test_triton_backend.py (interpreted on CPU, compiled for sm_90)")
+_INTERFACE = ("an interface (a Protocol): tests/reference_impl/test_registry.py checks that every built-in level "
+              "offers it and that a user class lacking a member is refused")
+_CHILD_TRANSPORT = ("a child-process PD transport, tested in tests/reference_impl/pd/test_disagg.py (the same bytes as "
+                    "pd = inproc; a killed decode child ends the cell as an error)")
+_PD_SIDE = ("a PD side, tested through DisaggEngine in tests/reference_impl/pd/test_disagg.py (invisible to the "
+            "client, exactly the pages past the decode hit, lost chunks) and tests/harness/oracles/test_pd_audit.py")
+_SPEC = ("tested through the engine in tests/reference_impl/spec/test_verify.py (tokens bitwise the plain ones, "
+         "accept length, the draft state on hits, MTP's tail layer)")
+_SOLVE = "tested through covering.solve in tests/harness/matrix/covering/test_solve.py, checked by brute force"
+#: the modules without a test module of their own name, each with where its tests are instead. A module that gains
+#: its test module, or is gone, leaves this list in the same change: the test below names any such entry.
+UNMIRRORED: dict[str, str] = {
+    # -- the reproducer scripts: one test module per engine's writer and standalone code together
+    "harness/repro/scripts/text.py": "the parts every script shares, tested through the scripts they assemble: "
+                                     "tests/harness/repro/standalone/test_checks.py (a script's exit status) and "
+                                     "tests/harness/repro/scripts/test_vllm.py (the definitions copied in)",
+    "harness/repro/scripts/recipes.py": "the checkpoints' inline recipes, tested in "
+                                        "tests/harness/repro/scripts/test_vllm.py and test_llamacpp.py (they rebuild "
+                                        "the served tensors)",
+    "harness/repro/scripts/reference.py": "the reference's script, tested through `harness repro` on planted faults in "
+                                          "tests/harness/repro/test_reproduce.py (the script exits 1 with the fault)",
+    "harness/repro/standalone/vllm.py": "vLLM's standalone serve, tested with its writer in "
+                                        "tests/harness/repro/scripts/test_vllm.py and run on vLLM by "
+                                        "tests/findings/test_findings.py",
+    "harness/repro/standalone/llamacpp.py": "llama.cpp's standalone serve, tested with its writer in "
+                                            "tests/harness/repro/scripts/test_llamacpp.py (a stand-in server)",
+    "harness/repro/standalone/reference.py": "the reference's standalone serve, tested in "
+                                             "tests/harness/repro/standalone/test_checks.py",
+    # -- the systems under test: the protocol and the shared machinery, tested through the engines that use them
+    "harness/sut/base.py": "the protocol and Engine, tested through every engine's tests and the toy engine of "
+                           "tests/e2e/test_plugins.py",
+    "harness/sut/levels.py": "an engine's levels, tested through each engine's refusals and checks: "
+                             "tests/harness/sut/vllm/test_engine.py, tests/harness/sut/openai/test_table.py, "
+                             "tests/e2e/test_plugins.py",
+    "harness/sut/interrupt.py": "Ctrl-C and a killed harness, tested end to end in tests/e2e/test_lifecycle.py",
+    "harness/sut/process.py": "every child and server's process group, tested in tests/e2e/test_lifecycle.py (nothing "
+                              "outlives a cell) and through the engines' tests",
+    "harness/sut/watched.py": "the engine wrapper that watches inputs, tested in tests/harness/sut/test_inputs.py",
+    "harness/sut/rules.py": "the shared paged rule, tested through the rules that wrap it in "
+                            "tests/harness/sut/vllm_common/test_cache.py and the cached_tokens oracle's tests",
+    "harness/sut/openai/launch.py": "a server's launch, tested in tests/harness/sut/openai/test_table.py and "
+                                    "test_engine.py, and by the real servers in tests/e2e/test_real_servers.py",
+    "harness/sut/openai/server.py": "a running server, tested against stand-in servers in "
+                                    "tests/harness/sut/openai/test_engine.py",
+    "harness/sut/openai/wire.py": "the wire formats, tested against recorded responses in "
+                                  "tests/harness/sut/openai/test_engine.py and test_llamacpp.py",
+    "harness/sut/openai/sglang.py": "SGLang's server rules, tested in tests/harness/sut/openai/test_sglang_server.py",
+    "harness/sut/openai/vllm.py": "vLLM's server rules, tested in tests/harness/sut/openai/test_vllm_server.py",
+    "harness/sut/reference/engine.py": "the reference engine, tested through every reference matrix "
+                                       "(tests/e2e/test_oracles_fire.py) and the cache model's agreement with it",
+    "harness/sut/reference/trained.py": "SmolLM2 read into the reference, tested in tests/e2e/test_smollm2.py (its "
+                                        "cross_engine reference)",
+    "harness/sut/vllm/arguments.py": "levels to vllm.LLM arguments, tested in tests/harness/sut/vllm/test_engine.py "
+                                     "and test_connectors.py",
+    "harness/sut/vllm/poison.py": "runs in vLLM's child: tested with planted faults on the real engine in "
+                                  "tests/harness/sut/vllm/test_inside.py",
+    "harness/sut/vllm/protocol.py": "the child's line protocol, tested in tests/harness/sut/vllm/test_child.py and "
+                                    "test_engine.py (a stand-in child)",
+    "harness/sut/vllm_common/applied.py": "what vLLM applied, tested in tests/harness/sut/vllm_common/test_cache.py "
+                                          "(judged by the block drop it applied) and "
+                                          "tests/harness/sut/vllm/test_engine.py (a setting vLLM overrode)",
+    "harness/sut/vllm_common/spec.py": "vLLM's proposers' rules, tested in tests/fixtures/test_spec_expect.py (the "
+                                       "n-gram rule against vLLM's own search) and tests/harness/sut/vllm/test_engine.py",
+    "harness/sut/vllm_common/metrics.py": "the connector metrics, tested in tests/harness/sut/openai/test_vllm_server.py "
+                                          "(read from a server's exposition) and, in the child, every vLLM cell's pd_audit",
+    "harness/sut/vllm_common/interpreter.py": "one path and one variable, used by every vLLM test that needs "
+                                              "vLLM's environment (tests/harness/sut/vllm/test_child.py)",
+    # -- the entry points and commands, tested end to end through the command line
+    "harness/__main__.py": "`python -m harness`, tested through `python -m harness list` in "
+                           "tests/harness/results/test_store.py (a closed pipe ends quietly) and "
+                           "tests/harness/matrix/covering/test_fixedsize.py (the same cells on every run)",
+    "harness/cli/matrix_tests.py": "the matrix's pytest items, tested through the plugin end to end in "
+                                   "tests/harness/test_pytest_plugin.py (one item per cell, -k, --lf, evidence)",
+    "harness/cli/repro.py": "`harness repro`, tested end to end in tests/harness/repro/test_reproduce.py",
+    "harness/cli/findings.py": "`harness findings`, tested in tests/findings/test_render.py (every committed REPORT.md "
+                               "and engine-bug list is what the findings render today)",
+    "harness/repro/lists.py": "the engine-bug lists, tested in tests/findings/test_render.py (the lists in README and "
+                              "docs are the findings' own; a changed finding makes its list stale)",
+    "harness/repro/report.py": "a finding folder rendered, tested in tests/findings/test_render.py (every committed "
+                               "REPORT.md renders again; a hand edit is caught) and "
+                               "tests/harness/repro/test_reproduce.py",
+    "harness/repro/install.py": "a REPORT's install lines, tested in tests/findings/test_render.py (a report opens "
+                                "with the install lines, then the command)",
+    "harness/repro/expect.py": "a script's check, tested through `harness repro` in "
+                               "tests/harness/repro/test_reproduce.py (the script it writes exits 1 with the fault)",
+    # -- the matrix file and its covering arrays
+    "harness/matrix/errors.py": "the one-line MatrixError, tested through every bad input in "
+                                "tests/harness/matrix/test_file.py (it names the file, the key and the value)",
+    "harness/matrix/tables.py": "a matrix file's tables, tested through loading in tests/harness/matrix/test_file.py "
+                                "(constraints, [cost], [[stronger]], [[workloads]]) and "
+                                "tests/harness/matrix/test_cells.py ([[cells]])",
+    "harness/matrix/selection.py": "`--cell` and `--shard`, tested through `harness run` in "
+                                   "tests/harness/results/test_store.py and tests/harness/cli/test_main.py, and "
+                                   "select_cells in tests/harness/matrix/test_cells.py",
+    "harness/matrix/covering/exact.py": f"greedy, the LP bound and the ILP, {_SOLVE}",
+    "harness/matrix/covering/ipog.py": f"IPOG, {_SOLVE}, and its rows as the search's start in "
+                                       "tests/harness/matrix/covering/test_fixedsize.py",
+    "harness/matrix/covering/postopt.py": f"the row reduction and cost passes every method ends with, {_SOLVE}",
+    "harness/matrix/covering/space.py": f"the tuple numbering the methods share, {_SOLVE}",
+    # -- the models the engines serve
+    "harness/models/checkpoints.py": "the served checkpoints, tested through what reads them back: "
+                                     "tests/harness/models/test_gguf_export.py, tests/harness/models/test_trained.py "
+                                     "and vLLM's child in tests/harness/sut/vllm/test_child.py",
+    "harness/models/gguf_weights.py": "tested through the GGUF export in tests/harness/models/test_gguf_export.py "
+                                      "(tensors read back with gguf's reader, q/k rows permuted)",
+    "harness/models/weights.py": "the seeded weights a reproducer carries, tested in "
+                                 "tests/harness/repro/standalone/test_checks.py and tests/harness/repro/scripts/test_vllm.py (a "
+                                 "script rebuilds the harness's)",
+    # -- oracles whose tests need an engine
+    "harness/oracles/inputs.py": "tested through engines that change their inputs in place: "
+                                 "tests/harness/sut/test_inputs.py, tests/harness/sut/vllm/test_inputs.py, "
+                                 "tests/harness/sut/openai/test_engine.py",
+    "harness/oracles/pressure.py": "tested through a tight vLLM cell whose stand-in child never preempts, in "
+                                   "tests/harness/sut/vllm/test_engine.py",
+    # -- the record, tested through the commands that write and read it
+    "harness/results/compare.py": "`harness compare`, tested in tests/harness/cli/test_triage.py (new, fixed, still "
+                                  "failing, drift) and tests/harness/results/test_hosts.py (the facts two hosts "
+                                  "differ in)",
+    "harness/results/files.py": "the report directory's file names, tested through the runs that write them: "
+                                "tests/harness/cli/test_main.py (the three files), tests/harness/results/test_store.py",
+    "harness/results/frame.py": "a run's rows as a DataFrame, tested through its readers: compare in "
+                                "tests/harness/cli/test_triage.py, the grid in tests/reports/test_page.py",
+    "harness/results/header.py": "the run header, tested through `harness run` in tests/harness/cli/test_main.py (it "
+                                 "records the host and the engines' build; a changed run's resume is refused)",
+    "harness/results/locate.py": "tested through `harness locate` in tests/harness/run/test_locate.py and the report's "
+                                 "located combinations in tests/reports/test_page.py",
+    "harness/results/reader.py": "tested through the reports that read a run (tests/reports/test_page.py, "
+                                 "tests/reports/test_browser.py), tests/harness/results/test_hosts.py, and malformed "
+                                 "rows named in tests/harness/results/test_store.py",
+    "harness/results/rows.py": "a cell's row, tested in tests/harness/results/test_store.py (strict JSON: NaN and "
+                               "infinities) and tests/harness/cli/test_triage.py (a wrong-shaped row is named)",
+    # -- the stages of a cell, tested through the cells they run
+    "harness/run/cell.py": "the stages in order, tested through run_plan in tests/harness/run/test_boundary.py, "
+                           "run_cell in tests/reference_impl/pd/test_disagg.py and "
+                           "tests/reference_impl/spec/test_verify.py, and "
+                           "`harness run` in tests/harness/cli/test_main.py (a crash is an error, a slow cell times "
+                           "out)",
+    "harness/run/faultcheck.py": "tested in tests/reference_impl/test_faults.py (every fault fails exactly its trigger "
+                                 "cells) and through `harness kill` in tests/harness/cli/test_main.py",
+    "harness/run/golden.py": "the golden runs, tested through GoldenRuns in tests/reference_impl/test_faults.py, "
+                             "tests/harness/run/test_boundary.py and tests/reference_impl/pd/test_disagg.py",
+    "harness/run/judge.py": "the judge stage, tested through every cell judged: tests/harness/matrix/test_declared.py "
+                            "(declared failures and tolerances), tests/reference_impl/test_faults.py (each fault "
+                            "through the oracle it names)",
+    "harness/run/plan.py": "the plan stage, tested through plan_cell in tests/harness/run/test_boundary.py, "
+                           "tests/harness/run/test_parallel.py, tests/harness/matrix/test_declared.py and "
+                           "tests/harness/matrix/test_boundary.py",
+    "harness/run/row.py": "the row stage, tested through the rows runs write: tests/harness/cli/test_main.py, "
+                          "tests/reference_impl/spec/test_verify.py (accept length and draft-state metrics)",
+    "harness/run/serve.py": "the serve stage, tested through run_workload in "
+                            "tests/fixtures/workloads/test_cache_model.py, "
+                            "tests/reference_impl/cache/test_host_cache.py and "
+                            "tests/reference_impl/cache/test_storage_cache.py",
+    "harness/run/session.py": "one matrix run opened, tested through `harness run` in tests/harness/cli/test_main.py "
+                              "(a resume on another CPU is refused) and check_runnable in "
+                              "tests/harness/matrix/test_declared.py",
+    "harness/run/trial.py": "one configuration on explicit workloads, tested through `harness repro` in "
+                            "tests/harness/repro/test_reproduce.py and the boundary stage in "
+                            "tests/harness/run/test_boundary.py",
+    # -- data
+    "fixtures/spec_bands.py": "a data table (accept-length bands measured by benchmarks/bench_spec.py --bands), "
+                              "read through spec_expect.accept_band, held in tests/fixtures/test_trained_bands.py",
+    "fixtures/workloads/basic.py": "the first workloads, data every engine test serves; their expectations are checked "
+                                   "in tests/fixtures/workloads/test_expect.py and "
+                                   "tests/fixtures/workloads/test_cache_model.py",
+    "reference_impl/config.py": "configuration dataclasses every engine test builds; Mamba2Config's own checks in "
+                                "tests/reference_impl/model/test_mamba2.py",
+    "reference_impl/request.py": "request records, built by every engine and oracle test "
+                                 "(tests/reference_impl/engine/test_llm_engine.py, "
+                                 "tests/harness/oracles/test_oracles.py)",
+    "reference_impl/model/forward_batch.py": "what one model step reads, a record the attention tests build: "
+                                             "tests/reference_impl/attention/test_torch_backend.py, "
+                                             "tests/reference_impl/attention/test_triton_backend.py",
+    # -- the reference engine's interfaces and the parts tested through the engine
+    "reference_impl/attention/backend.py": _INTERFACE,
+    "reference_impl/cache/prefix_cache.py": _INTERFACE,
+    "reference_impl/cache/store/base.py": _INTERFACE,
+    "reference_impl/engine/queue.py": _INTERFACE,
+    "reference_impl/memory/pool.py": _INTERFACE,
+    "reference_impl/pd/base.py": _INTERFACE,
+    "reference_impl/spec/proposer.py": _INTERFACE,
+    "reference_impl/attention/triton_ops/common.py": f"the loop every kernel shares, {_TRITON}",
+    "reference_impl/attention/triton_ops/decode.py": f"the decode kernels, {_TRITON}",
+    "reference_impl/attention/triton_ops/extend.py": f"the extend kernels, {_TRITON}",
+    "reference_impl/attention/triton_ops/interpreter.py": f"the interpreter's tile-independent tl.dot, {_TRITON}",
+    "reference_impl/engine/scheduler.py": "the queue policies, tested through the engine in "
+                                          "tests/reference_impl/engine/test_llm_engine.py (priorities, preemption) "
+                                          "and the priority_scheduler_drop fault in "
+                                          "tests/reference_impl/test_faults.py",
+    "reference_impl/memory/layout.py": "a pool's byte blocks, tested through PD transfers in "
+                                       "tests/reference_impl/pd/test_disagg.py (the bytes sent; an envelope never cut)",
+    "reference_impl/memory/static.py": "the static pools, tested against the unified pool in "
+                                       "tests/reference_impl/memory/test_unified.py, in "
+                                       "tests/reference_impl/memory/test_poison.py, and by every engine test",
+    "reference_impl/model/batch_invariant.py": "deterministic mode's building blocks, tested through the "
+                                               "batch_invariance oracle on the deterministic = on cells of the fault "
+                                               "matrices in tests/reference_impl/test_faults.py",
+    "reference_impl/pd/decode.py": _PD_SIDE,
+    "reference_impl/pd/prefill.py": _PD_SIDE,
+    "reference_impl/pd/inproc/conn.py": f"pd = inproc, {_PD_SIDE}",
+    "reference_impl/pd/ledger.py": "PD's bookkeeping, tested through pd_audit in "
+                                   "tests/harness/oracles/test_pd_audit.py (each check fails when its count is off)",
+    "reference_impl/pd/mooncake/conn.py": _CHILD_TRANSPORT,
+    "reference_impl/pd/nixl/agent.py": _CHILD_TRANSPORT,
+    "reference_impl/pd/nixl/conn.py": _CHILD_TRANSPORT,
+    "reference_impl/pd/remote.py": _CHILD_TRANSPORT,
+    "reference_impl/pd/wire.py": "what crosses from prefill to decode, tested through "
+                                 "tests/reference_impl/pd/test_disagg.py (the bytes sent are the pages past the hit)",
+    "reference_impl/spec/draft.py": _SPEC,
+    "reference_impl/spec/draft_model.py": _SPEC,
+    "reference_impl/spec/mtp.py": _SPEC,
+}
+_TEST_FILE = re.compile(r"tests/[\w/]+\.py")
+
+
+def mirror_of(module: str) -> str:
+    """``harness/a/b.py`` → ``tests/harness/a/test_b.py``."""
+    path = PurePosixPath(module)
+    return str(PurePosixPath("tests", path.parent, f"test_{path.name}"))
+
+
+def mirror_problems(root: Path, exceptions: Mapping[str, str], packages: Iterable[str] = MIRRORED) -> list[str]:
+    """Every module of ``packages`` under ``root`` (its ``__init__`` aside) without its mirrored test module and not
+    in ``exceptions``, and every entry of ``exceptions`` that is stale: its module has its test module, or is gone."""
+    modules = {path.relative_to(root).as_posix() for package in packages for path in (root / package).rglob("*.py")
+               if path.name != "__init__.py"}
+    bare = {module for module in modules if not (root / mirror_of(module)).exists()}
+    return sorted([*(f"{m}: no {mirror_of(m)}; write it, or list the module in UNMIRRORED with where its tests are"
+                     for m in bare - exceptions.keys()),
+                   *(f"{m}: listed in UNMIRRORED, yet {mirror_of(m)} exists: drop the entry"
+                     for m in exceptions.keys() & (modules - bare)),
+                   *(f"{m}: listed in UNMIRRORED, yet there is no such module: drop the entry"
+                     for m in exceptions.keys() - modules)])
+
+
+def test_every_module_has_its_mirrored_test_module_or_a_reason() -> None:
+    """A module's tests are where a reader looks first, or UNMIRRORED says where they are; the list holds no stale
+    entry."""
+    problems = mirror_problems(ROOT, UNMIRRORED)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_test_file_a_reason_names_exists() -> None:
+    """A test file renamed or split leaves no reason pointing at the old name."""
+    gone = sorted(f"{module}: {path}" for module, reason in UNMIRRORED.items()
+                  for path in _TEST_FILE.findall(reason) if not (ROOT / path).is_file())
+    assert not gone, gone
+
+
+def test_the_mirror_check_sees_a_missing_test_module_and_a_stale_exception(tmp_path: Path) -> None:
+    """The checker itself, on a tree of its own: a module without a test module, an exception whose module has one
+    now, an exception for a module that is gone; a listed or mirrored module passes."""
+    for path in ("harness/__init__.py", "harness/a/__init__.py", "harness/a/bare.py", "harness/a/tested.py",
+                 "tests/harness/a/test_tested.py", "fixtures/data.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    problems = mirror_problems(tmp_path, {"harness/a/tested.py": "r", "harness/a/gone.py": "r"}, ("harness",))
+    assert [problem.split(":")[0] for problem in problems] == ["harness/a/bare.py", "harness/a/gone.py",
+                                                               "harness/a/tested.py"], problems
+    assert "no tests/harness/a/test_bare.py" in problems[0] and "no such module" in problems[1]
+    assert "tests/harness/a/test_tested.py exists" in problems[2]
+    assert mirror_problems(tmp_path, {"harness/a/bare.py": "r"}, ("harness",)) == []
+    assert [p.split(":")[0] for p in mirror_problems(tmp_path, {}, ("harness", "fixtures"))] == [
+        "fixtures/data.py", "harness/a/bare.py"]

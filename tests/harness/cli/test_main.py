@@ -107,7 +107,6 @@ def test_resume_refuses_a_changed_run_unless_accepted_and_the_report_says_so(tmp
     assert main([*run, "--resume"]) == 0  # the accepted run is the one resumed now
 
 
-
 def test_a_run_names_its_cpu_flags_and_a_resume_on_another_cpu_is_refused(
         tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     """Engines choose kernels by the CPU's flags (vLLM's AMX attention), so rows judged on one CPU are not kept for
@@ -229,12 +228,6 @@ def test_an_input_hole_is_one_line_exit_2_and_nothing_written(
     captured = capsys.readouterr()
     assert len(captured.err.strip().splitlines()) == 1 and needle in captured.err and "tiny.toml" in captured.err
     assert not report.exists()
-
-
-def test_faults_lists_incident_and_triggers(capsys) -> None:
-    assert main(["faults"]) == 0
-    out = capsys.readouterr().out
-    assert "priority_scheduler_drop" in out and "vLLM #49206" in out and "scheduler in {priority}" in out
 
 
 def test_kill_reports_an_exact_fault(tmp_path: Path, capsys) -> None:

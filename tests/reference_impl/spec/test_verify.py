@@ -1,23 +1,15 @@
-"""Speculative decoding: lossless greedy verification, accept-length accounting, draft state and its pools."""
+"""Speculative decoding: lossless greedy verification, accept-length accounting, draft state and its pools (the n-gram
+proposer alone: test_ngram.py; the pools' leak check: tests/reference_impl/memory/test_engine_pools.py)."""
 from __future__ import annotations
 
 import pytest
 
 from fixtures.workloads import load_workload
 from reference_impl.config import DENSE
-from reference_impl.memory.engine_pools import EnginePools
-from reference_impl.memory.static import PoolIntegrityError, StaticPools
-from reference_impl.request import Request, RequestOutput, RequestSpec
 from reference_impl.spec.draft_model import draft_config
-from reference_impl.spec.ngram import NgramProposer
 from reference_impl.spec.verify import accept_stats, greedy_accept, outputs_accept_stats
 
 DEFAULT_WORKLOADS = ("system_prompt", "multi_turn", "long_prompts", "burst")
-
-
-def request(tokens: list[int]) -> Request:
-    spec = RequestSpec("r", tuple(tokens), max_new_tokens=4)
-    return Request(spec, 0, RequestOutput.empty("r", "length"))
 
 
 def test_greedy_accept_stops_at_the_first_mismatch() -> None:
@@ -34,13 +26,6 @@ def test_accept_stats_count_the_bonus_and_skip_plain_decodes() -> None:
     assert stats.histogram == {4: 1, 1: 1, 2: 1}
     assert stats.per_position == pytest.approx([2 / 3, 1 / 3, 1 / 2])
     assert accept_stats([0], [0]).mean_accept_length is None
-
-
-def test_ngram_proposes_what_followed_the_latest_longest_suffix_match() -> None:
-    proposer = NgramProposer(min_n=1, max_n=3)
-    assert proposer.propose(request([5, 6, 7, 8, 9, 6, 7]), 2) == [8, 9]
-    assert proposer.propose(request([1, 2, 9, 1, 3, 1]), 3) == [3, 1]  # latest single-token match wins
-    assert proposer.propose(request([1, 2, 3]), 3) == []
 
 
 @pytest.mark.parametrize("model", ["dense", "hybrid"])
@@ -94,16 +79,6 @@ def test_mtp_kv_is_a_tail_layer_of_the_target_pool(make_engine) -> None:
     engine.pools.kv_views(tail)  # exists
     with pytest.raises(IndexError):
         engine.pools.kv_views(tail + 1)
-
-
-def test_engine_pools_report_a_draft_page_leak() -> None:
-    kwargs = dict(page_size=4, num_pages=8, num_state_slots=1)
-    pools = EnginePools(StaticPools(DENSE, **kwargs), StaticPools(draft_config(DENSE), **kwargs))
-    pages = pools.alloc_pages(3)
-    pools.check_integrity()
-    pools.target.free_pages(pages)  # freed in the target pool only: the draft's pages leak
-    with pytest.raises(PoolIntegrityError, match="draft pool pages leaked"):
-        pools.check_integrity()
 
 
 @pytest.mark.parametrize("spec", ["draft", "mtp"])

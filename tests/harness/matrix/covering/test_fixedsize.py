@@ -1,5 +1,5 @@
-"""The fixed-size search and the algebraic seeds: they only ever shrink a covering array, stay deterministic,
-and nothing they return is used before the coverage check.
+"""The fixed-size search: it only ever shrinks a covering array and stays deterministic, and nothing it or a seed
+returns (the seeds themselves: test_algebra.py, test_orbit.py) is used before the coverage check.
 
 Coverage is checked by brute force here (``brute_tuples``), never with the generator's own checker.
 """
@@ -112,45 +112,10 @@ def test_harness_list_prints_the_same_cells_on_every_run() -> None:
     assert "fixed-size search" in outputs[0]
 
 
-@pytest.mark.parametrize("q", [2, 3, 4, 5, 7, 8, 9])
-def test_galois_field_tables_are_a_field(q: int) -> None:
-    add, mul = algebra.galois_field(q)
-    elements = np.arange(q)
-    assert all(sorted(add[a].tolist()) == list(range(q)) for a in range(q)), "addition is not a group"
-    assert all(sorted(mul[a, 1:].tolist()) == list(range(1, q)) for a in range(1, q)), "a nonzero has no inverse"
-    assert (mul[:, 0] == 0).all() and (add[:, 0] == elements).all() and (mul[:, 1] == elements).all()
-    a, b, c = np.meshgrid(elements, elements, elements, indexing="ij")
-    assert (mul[a, add[b, c]] == add[mul[a, b], mul[a, c]]).all(), "not distributive"
-    assert (add == add.T).all() and (mul == mul.T).all()
-
-
-@pytest.mark.parametrize(("q", "t"), [(3, 3), (4, 3), (5, 3), (4, 2), (2, 3)])
-def test_the_moment_curve_seed_is_an_orthogonal_array(q: int, t: int) -> None:
-    """q + 1 factors of q levels: q^t rows, every t-tuple exactly once (Reed-Solomon)."""
-    domains = [q] * (q + 1 if t <= q else t + 1)
-    rows = algebra.cphf_seed(domains, t, below=10 ** 6)
-    assert rows is not None and rows.shape == (q ** t, len(domains))
-    for combo in itertools.combinations(range(len(domains)), t):
-        assert len({tuple(row) for row in rows[:, list(combo)].tolist()}) == q ** t, combo
-
-
-def test_two_blocks_over_gf3_cover_thirteen_factors_in_53_rows() -> None:
-    rows = algebra.cphf_seed([3] * 13, 3, below=60)
-    assert rows is not None and rows.shape == (53, 13)
-    assert brute_tuples(rows.tolist(), 3) == every_tuple([3] * 13, 3)
-
-
 def every_tuple(domains: Sequence[int], t: int) -> set[tuple[tuple[int, int], ...]]:
     """Every t-tuple of an unconstrained space, built directly (no product of the domains)."""
     return {tuple(zip(combo, levels)) for combo in itertools.combinations(range(len(domains)), t)
             for levels in itertools.product(*(range(domains[f]) for f in combo))}
-
-
-@pytest.mark.parametrize(("domains", "t"), [([3, 3, 3, 2], 3), ([4, 3, 2, 3, 4], 2), ([5, 4, 4, 3, 2, 2], 2)])
-def test_a_seed_over_a_bigger_field_merges_levels_and_still_covers(domains: list[int], t: int) -> None:
-    rows = algebra.cphf_seed(domains, t, below=10 ** 6)
-    assert rows is not None and (rows < np.array(domains)).all()
-    assert brute_tuples(rows.tolist(), t) == every_tuple(domains, t)
 
 
 @pytest.mark.parametrize(("module", "builder", "domains", "named"), [
@@ -163,39 +128,3 @@ def test_a_seed_that_misses_a_tuple_is_never_used(monkeypatch: pytest.MonkeyPatc
     result = covering.solve(domains, 3, covering.Forbidden(domains), method="ipog")
     assert named not in result.how
     assert brute_tuples(result.rows, 3) == every_tuple(domains, 3)
-
-
-def test_an_algebraic_seed_that_covers_replaces_the_construction() -> None:
-    """5^6 at t=2 through IPOG: IPOG and post-optimisation stop at 30 rows; the Reed-Solomon seed gives the 25 of the counting
-    bound, proven optimal."""
-    result = covering.solve([5] * 6, 2, covering.Forbidden([5] * 6), method="ipog")
-    assert len(result.rows) == 25 and result.optimal and "CPHF seed over GF(5)" in result.how
-
-
-@pytest.mark.parametrize(("domains", "rows"), [([3] * 15, 57), ([3] * 12, 45), ([3] * 6 + [2] * 4, None)])
-def test_the_s3_orbit_seed_covers_every_triple(domains: list[int], rows: int | None) -> None:
-    """6 images of each starter row and the 3 constant rows: every 3-tuple, by brute force (3^12: the best known 45)."""
-    seed = orbit.orbit_seed(domains, 3, below=70)
-    assert seed is not None and (seed < np.array(domains)).all()
-    assert rows is None or len(seed) == rows
-    assert brute_tuples(seed.tolist(), 3) == every_tuple(domains, 3)
-
-
-def test_the_s3_orbit_seed_is_the_same_in_a_fresh_process() -> None:
-    code = "from harness.matrix.covering import orbit; print(orbit.orbit_seed([3] * 15, 3, 70).tolist())"
-    env = {**os.environ, "PYTHONHASHSEED": "99"}
-    fresh = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, env=env)
-    assert fresh.stdout == f"{orbit.orbit_seed([3] * 15, 3, 70).tolist()}\n"
-
-
-def test_the_s3_orbit_seed_is_only_for_three_levels_at_strength_three() -> None:
-    assert orbit.orbit_seed([3] * 8, 2, below=100) is None
-    assert orbit.orbit_seed([4] + [3] * 7, 3, below=100) is None
-    assert orbit.orbit_seed([2] * 8, 3, below=100) is None
-
-
-def test_fifteen_factors_of_three_levels_at_strength_three_take_57_rows_before_the_search() -> None:
-    """Issue 21's space: IPOG and post-optimisation give 68, the CPHF seed 61; the S3 orbit seed 57."""
-    result = covering.solve([3] * 15, 3, covering.Forbidden([3] * 15), moves=0)
-    assert len(result.rows) <= 57 and "S3 orbit seed" in result.how
-    assert brute_tuples(result.rows, 3) == every_tuple([3] * 15, 3)

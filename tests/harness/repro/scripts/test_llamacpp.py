@@ -15,7 +15,7 @@ from harness.repro.scripts.recipes import RECIPES
 from harness.repro.standalone import llamacpp as standalone
 from harness.models.gguf_export import gguf_file
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 STAND_IN = ROOT / "tests" / "findings" / "stand_in" / "bin" / "llama-server"
 
 

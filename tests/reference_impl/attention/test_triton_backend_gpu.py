@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from reference_impl.model.forward_batch import ForwardBatch
-from tests.reference_impl.attention.test_triton_ops import HKV, HQ, D
+from tests.reference_impl.attention.test_triton_backend import HKV, HQ, D
 
 PAGE_SIZE, STRIDE, HIGH = 4, 2**20, 4096  # page 4096 × 2**20 elements = 2**32: wraps to page 0
 

@@ -1,5 +1,6 @@
-"""A model's stop tokens (``ModelConfig.stop_tokens``) are never chosen, as the engines under test never choose an
-end-of-generation token for a request of exactly max_new_tokens; the logprobs stay the raw ones, as vLLM returns them."""
+"""The model runner's greedy choice (``ModelRunner._choosable``): a model's stop tokens (``ModelConfig.stop_tokens``)
+are never chosen, as the engines under test never choose an end-of-generation token for a request of exactly
+max_new_tokens; the logprobs stay the raw ones, as vLLM returns them."""
 from __future__ import annotations
 
 from dataclasses import replace

@@ -1,4 +1,5 @@
-"""Triton paged attention equals dense attention, reads whole pages, and models SGLang #33517 / #33974.
+"""Triton paged attention (``TritonBackend`` and the kernels it launches, ``triton_ops``) equals dense attention, reads
+whole pages, and models SGLang #33517 / #33974.
 
 On CPU the kernels run under Triton's interpreter (``reference_impl.attention.triton_ops.common`` sets
 TRITON_INTERPRET=1 when no CUDA device exists); the ``cuda`` parameter runs the same checks
@@ -16,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference_impl.attention.launch_audit import LaunchGeometry, int32_overflow_risks
+from reference_impl.attention.launch_audit import int32_overflow_risks
 from reference_impl.attention.torch_backend import TorchBackend
 from reference_impl.attention.triton_backend import PageAlignmentError, TritonBackend
 from reference_impl.attention.triton_ops.common import INTERPRETED, INTERPRETER_SHAPES, LaunchShapes
@@ -262,18 +263,6 @@ def test_slot_stride_int32_is_recorded_and_still_right_on_a_small_pool(device: s
     assert int32_overflow_risks(narrow.launches) == []
 
 
-def test_int32_overflow_risks_flags_exactly_the_wrapping_geometries() -> None:
-    """Synthetic geometries: flagged from max page × stride = 2**31 up, only for 32-bit offsets."""
-    stride = 2**11
-    at_wrap = LaunchGeometry("decode_stage1", 2**20, stride, 32)  # 2**20 × 2**11 = 2**31
-    below = LaunchGeometry("extend_unified", 2**20 - 1, stride, 32)
-    wide = LaunchGeometry("extend_two_stage", 2**40, stride, 64)
-    (msg,) = int32_overflow_risks([at_wrap, below, wide])
-    assert msg.startswith("decode_stage1") and "1048576" in msg
-    assert int32_overflow_risks([below]) == []
-    assert len(int32_overflow_risks([below], capacity_pages=2**20 + 1)) == 1, "the pool's last page must count"
-
-
 def read_page_4096_of_a_one_page_view(device: str, decode: bool) -> dict[str, object]:
     """Under slot_stride_int32, attend request tokens on page 4096 of a view with one real page and a 2**20 stride.
 
@@ -308,7 +297,7 @@ def test_int32_offsets_wrap_onto_another_page(device: str) -> None:
     view and crash (or, on CUDA, poison the context) instead of failing.
     """
     code = (
-        "import json; from tests.reference_impl.attention.test_triton_ops import read_page_4096_of_a_one_page_view as read; "
+        "import json; from tests.reference_impl.attention.test_triton_backend import read_page_4096_of_a_one_page_view as read; "
         f"print(json.dumps([read({device!r}, decode) for decode in (True, False)]))"
     )
     for result in json.loads(run_child(code, "did the offsets stop wrapping?")):
