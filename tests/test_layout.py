@@ -447,13 +447,15 @@ UNMIRRORED: dict[str, str] = {
                                   "tests/harness/sut/vllm/test_inside.py",
     "harness/sut/vllm/protocol.py": "the child's line protocol, tested in tests/harness/sut/vllm/test_child.py and "
                                     "test_engine.py (a stand-in child)",
-    "harness/sut/vllm_common/applied.py": "what vLLM applied, tested in tests/harness/sut/vllm_common/test_cache.py "
-                                          "(judged by the block drop it applied) and "
-                                          "tests/harness/sut/vllm/test_engine.py (a setting vLLM overrode)",
-    "harness/sut/vllm_common/spec.py": "vLLM's proposers' rules, tested in tests/fixtures/test_spec_expect.py (the "
-                                       "n-gram rule against vLLM's own search) and tests/harness/sut/vllm/test_engine.py",
-    "harness/sut/vllm_common/metrics.py": "the connector metrics, tested in tests/harness/sut/openai/test_vllm_server.py "
-                                          "(read from a server's exposition) and, in the child, every vLLM cell's pd_audit",
+    "harness/sut/vllm_common/applied.py": ("what vLLM applied, tested in tests/harness/sut/vllm_common/test_cache.py "
+                                           "(judged by the block drop it applied) and "
+                                           "tests/harness/sut/vllm/test_engine.py (a setting vLLM overrode)"),
+    "harness/sut/vllm_common/spec.py": ("vLLM's proposers' rules, tested in tests/fixtures/test_spec_expect.py (the "
+                                        "n-gram rule against vLLM's own search) and "
+                                        "tests/harness/sut/vllm/test_engine.py"),
+    "harness/sut/vllm_common/metrics.py": ("the connector metrics, tested in "
+                                           "tests/harness/sut/openai/test_vllm_server.py (read from a server's "
+                                           "exposition) and, in the child, every vLLM cell's pd_audit"),
     "harness/sut/vllm_common/interpreter.py": "one path and one variable, used by every vLLM test that needs "
                                               "vLLM's environment (tests/harness/sut/vllm/test_child.py)",
     # -- the entry points and commands, tested end to end through the command line

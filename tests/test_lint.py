@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: lines over 120 characters when the linter came in (2026-12-06); lower it as they are wrapped, never raise it
-LONG_LINES = 337
+LONG_LINES = 335
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:

@@ -27,8 +27,8 @@ from harness.sut.vllm_common.interpreter import vllm_python
 
 #: where a storage tier's directory goes in the arguments (the script gives each setting a temporary one).
 TIER = Path("tier")
-#: what the standalone engine code reads the speculative counters and the KV layout with: the harness child's own, copied
-#: in (the connector counters: ``vllm_common.metrics``, whole).
+#: what the standalone engine code reads the speculative counters and the KV layout with: the harness child's own,
+#: copied in (the connector counters: ``vllm_common.metrics``, whole).
 CHILD_DEFINITIONS = ("SPEC_COUNTERS", "kv_layout")
 
 

@@ -107,7 +107,8 @@ def test_every_oracle_a_script_judges_has_a_check() -> None:
 def test_inputs_sees_an_input_the_engine_changed_and_passes_without_one() -> None:
     changed = run(output("a", [1, 2]))
     changed["passes"]["warm"] = {**changed["passes"]["warm"], "inputs": [
-        {"request": "a", "field": "prompt.prompt_token_ids[2:]", "before": "[]", "after": "[9]"}]}
+        {"request": "a", "field": "prompt.prompt_token_ids[2:]", "before": "[]",
+         "after": "[9]"}]}
     expected, got, present = checks.judge_inputs({"oracle": "inputs"}, changed, run())
     assert present and got == "warm a prompt.prompt_token_ids[2:]: [] -> [9]" and expected == "every input as it was handed"
     assert not checks.judge_inputs({"oracle": "inputs"}, run(output("a", [1, 2])), run())[2]
