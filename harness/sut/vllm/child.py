@@ -222,8 +222,8 @@ def hold_one_request() -> None:
         cache = vllm_config.cache_config
         specs = {name: spec for worker in kv_cache_specs for name, spec in worker.items()}
         groups = kv_cache_utils.get_kv_cache_groups(vllm_config, dict(specs))
-        if groups:
-            needed = kv_cache_utils.max_memory_usage_bytes(vllm_config, specs.values())
+        if groups:  # counted as the check counts it: per group, padded to uniform groups (a draft's layers too)
+            needed = kv_cache_utils._max_memory_usage_bytes_from_groups(vllm_config, groups)
             per_block = kv_cache_utils._pool_bytes_per_block(vllm_config, groups)
             cache.num_gpu_blocks_override = max(cache.num_gpu_blocks_override, -(-needed // per_block) + 1)
         return configs(vllm_config, kv_cache_specs, available_memory)

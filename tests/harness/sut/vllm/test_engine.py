@@ -378,6 +378,21 @@ def test_a_tight_hybrid_cell_starts_with_the_blocks_vllm_counts_for_its_mamba_st
 
 
 @pytest.mark.vllm
+def test_a_tight_hybrid_cell_with_a_draft_model_is_sized_as_vllm_checks_it(tmp_path: Path, goldens: GoldenRuns) -> None:
+    """A draft model's attention layers join the hybrid's KV cache groups, which vLLM pads to a uniform size: the child
+    counts one request's blocks per group as vLLM's start-up check does. Summed over the layers instead, the count was
+    refused at start ("To serve at least one request ... 0.0 GiB KV cache is needed"); what the started engine then
+    does is the cell's to judge."""
+    needs_vllm()
+    path = tmp_path / "v.toml"
+    factors = 'model = ["hybrid"]\nkv_capacity = ["tight"]\nspec = ["draft"]\nnum_draft_tokens = [2]'
+    path.write_text(MATRIX.format(timeout=600, factors=factors) + output_kind("off"))
+    matrix = load_matrix(str(path))
+    result = run_cell(matrix, generate(matrix)[0], faults=frozenset(), goldens=goldens)
+    assert "To serve at least one request" not in (result.error or ""), result.error
+
+
+@pytest.mark.vllm
 def test_cached_tokens_are_judged_by_the_block_size_vllm_applied(tmp_path: Path, goldens: GoldenRuns) -> None:
     """The expectation follows the block size read back from vLLM, not the one the cell's level named: with
     [engine_args] block_size = 64 the hits come in 64-token blocks (no whole block of the 50-token system prompt is
