@@ -74,11 +74,8 @@ def cross_golden(name: str, levels: Mapping[str, object],
     made = engine(name).made_model(levels, engine_args)
     if made is None:
         return None
-    for other in known():
-        golden = engine(other).computes(made) if other != name else None
-        if golden is not None:
-            return other, golden
-    return None
+    goldens = ((other, engine(other).computes(made)) for other in known() if other != name)
+    return next(((other, golden) for other, golden in goldens if golden is not None), None)
 
 
 @contextmanager

@@ -237,8 +237,9 @@ def judge_inputs(check: dict, failing: dict, toggled: dict) -> tuple[str, str, b
     """The engine leaves its caller's inputs as it got them: each request's prompt, sampling parameters and priority
     compare equal after every call (an engine API that reaches no caller's object records no comparison)."""
     changes = [(name, change) for name, result in failing["passes"].items() for change in result.get("inputs", [])]
+    untouched = "every input as it was handed"
     got = "; ".join(f"{name} {c['request']} {c['field']}: {c['before']} -> {c['after']}" for name, c in changes[:3])
-    return "every input as it was handed", got or "every input as it was handed", bool(changes)
+    return untouched, got or untouched, bool(changes)
 
 
 def judge_error(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
