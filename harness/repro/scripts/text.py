@@ -13,13 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from harness.oracles import pd_audit
 from harness.repro import expect
 from harness.repro.finding import Reproducer
 from harness.repro.shrink import shrink_text
 from harness.repro.standalone import checks
 from harness.sut import host
 from harness.sut.host import kernel_flags
+from harness.sut.vllm_common import nixl
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +64,8 @@ def definitions(module: ModuleType, names: Sequence[str] | None = None) -> tuple
 
 
 def check_definitions() -> list[tuple[list[str], str]]:
-    """What every script copies in to judge its check: ``standalone.checks`` and the oracle rule it calls."""
-    return [definitions(checks), definitions(pd_audit, ["nixl_bytes"]), definitions(host, ["flags_of", "_field"])]
+    """What every script copies in to judge its check: ``standalone.checks`` and the rules it calls."""
+    return [definitions(checks), definitions(nixl, ["nixl_bytes"]), definitions(host, ["flags_of", "_field"])]
 
 
 def import_block(lines: set[str] | list[str]) -> str:
