@@ -14,7 +14,7 @@ from harness.repro.scripts.text import (
     Command, assemble, definitions, docstring, literal, script_data, toggle_comment, workload_and_check,
 )
 from harness.repro.standalone import reference as standalone
-from harness.results.header import git_commit
+from harness.sut.host import git_commit
 from harness.sut.reference import LEVELS
 from harness.sut.reference.engine import build_engine_config
 from reference_impl import registry
