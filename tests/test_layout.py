@@ -405,7 +405,7 @@ UNMIRRORED: dict[str, str] = {
     "harness/repro/scripts/text.py": "the parts every script shares, tested through the scripts they assemble: "
                                      "tests/harness/repro/standalone/test_checks.py (a script's exit status) and "
                                      "tests/harness/repro/scripts/test_vllm.py (the definitions copied in)",
-    "harness/repro/scripts/recipes.py": "the checkpoints' inline recipes, tested in "
+    "harness/models/recipes.py": "the checkpoints' inline recipes, tested in "
                                         "tests/harness/repro/scripts/test_vllm.py and test_llamacpp.py (they rebuild "
                                         "the served tensors)",
     "harness/repro/scripts/reference.py": "the reference's script, tested through `harness repro` on planted faults in "

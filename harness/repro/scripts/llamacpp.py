@@ -15,7 +15,7 @@ from pathlib import Path
 from fixtures import smollm2
 from harness.repro.finding import Reproducer, ReproError
 from harness.repro.install import BUILD, llamacpp_lines
-from harness.repro.scripts.recipes import RECIPES
+from harness.models.recipes import RECIPES
 from harness.repro.scripts.text import (
     Command, assemble, definitions, docstring, literal, script_data, toggle_comment, workload_and_check,
 )

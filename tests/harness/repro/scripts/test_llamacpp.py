@@ -11,7 +11,7 @@ import pytest
 from harness.matrix.file import load_matrix
 from harness.repro.finding import ReproError
 from harness.repro.scripts import llamacpp as writer, writer_for
-from harness.repro.scripts.recipes import RECIPES
+from harness.models.recipes import RECIPES
 from harness.repro.standalone import llamacpp as standalone
 from harness.models.gguf_export import gguf_file
 
