@@ -27,9 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-# a script carries these definitions beside these (``harness.repro.scripts.text.check_definitions``)
-from ...sut.vllm_common.nixl import nixl_bytes
-from ...sut.host import flags_of
+# a script carries these definitions beside these (``text.check_definitions``)
+from ..host import flags_of
+from ..vllm_common.nixl import nixl_bytes
 
 #: the exit status of a script that cannot judge its finding here (never 1, which says the bug shows).
 CANNOT_JUDGE = 2
