@@ -402,21 +402,24 @@ _SOLVE = "tested through covering.solve in tests/harness/matrix/covering/test_so
 #: its test module, or is gone, leaves this list in the same change: the test below names any such entry.
 UNMIRRORED: dict[str, str] = {
     # -- the reproducer scripts: one test module per engine's writer and standalone code together
-    "harness/repro/scripts/text.py": "the parts every script shares, tested through the scripts they assemble: "
-                                     "tests/harness/repro/standalone/test_checks.py (a script's exit status) and "
-                                     "tests/harness/repro/scripts/test_vllm.py (the definitions copied in)",
-    "harness/repro/scripts/recipes.py": "the checkpoints' inline recipes, tested in "
-                                        "tests/harness/repro/scripts/test_vllm.py and test_llamacpp.py (they rebuild "
-                                        "the served tensors)",
-    "harness/repro/scripts/reference.py": "the reference's script, tested through `harness repro` on planted faults in "
-                                          "tests/harness/repro/test_reproduce.py (the script exits 1 with the fault)",
-    "harness/repro/standalone/vllm.py": "vLLM's standalone serve, tested with its writer in "
-                                        "tests/harness/repro/scripts/test_vllm.py and run on vLLM by "
-                                        "tests/findings/test_findings.py",
-    "harness/repro/standalone/llamacpp.py": "llama.cpp's standalone serve, tested with its writer in "
-                                            "tests/harness/repro/scripts/test_llamacpp.py (a stand-in server)",
-    "harness/repro/standalone/reference.py": "the reference's standalone serve, tested in "
-                                             "tests/harness/repro/standalone/test_checks.py",
+    "harness/sut/script/text.py": "the parts every script shares, tested through the scripts they assemble: "
+                                  "tests/harness/sut/script/test_checks.py (a script's exit status) and "
+                                  "tests/harness/sut/vllm/test_script.py (the definitions copied in)",
+    "harness/sut/script/install.py": "a REPORT's install lines, tested in tests/findings/test_render.py (a report "
+                                     "opens with the install lines, then the command)",
+    "harness/models/recipes.py": "the checkpoints' inline recipes, tested in tests/harness/sut/vllm/test_script.py "
+                                 "and tests/harness/sut/openai/test_llamacpp_script.py (they rebuild the served "
+                                 "tensors)",
+    "harness/sut/reference/script.py": "the reference's script, tested through `harness repro` on planted faults in "
+                                       "tests/harness/repro/test_reproduce.py (the script exits 1 with the fault)",
+    "harness/sut/reference/standalone.py": "the reference's standalone serve, tested through `harness repro` in "
+                                           "tests/harness/repro/test_reproduce.py and in "
+                                           "tests/harness/sut/script/test_checks.py (it imports reference_impl alone)",
+    "harness/sut/vllm/standalone.py": "vLLM's standalone serve, tested with its writer in "
+                                      "tests/harness/sut/vllm/test_script.py and run on vLLM by "
+                                      "tests/findings/test_findings.py",
+    "harness/sut/openai/llamacpp_standalone.py": "llama.cpp's standalone serve, tested with its writer in "
+                                                 "tests/harness/sut/openai/test_llamacpp_script.py (a stand-in server)",
     # -- the systems under test: the protocol and the shared machinery, tested through the engines that use them
     "harness/sut/base.py": "the protocol and Engine, tested through every engine's tests and the toy engine of "
                            "tests/e2e/test_plugins.py",
@@ -472,8 +475,6 @@ UNMIRRORED: dict[str, str] = {
     "harness/repro/report.py": "a finding folder rendered, tested in tests/findings/test_render.py (every committed "
                                "REPORT.md renders again; a hand edit is caught) and "
                                "tests/harness/repro/test_reproduce.py",
-    "harness/repro/install.py": "a REPORT's install lines, tested in tests/findings/test_render.py (a report opens "
-                                "with the install lines, then the command)",
     "harness/repro/expect.py": "a script's check, tested through `harness repro` in "
                                "tests/harness/repro/test_reproduce.py (the script it writes exits 1 with the fault)",
     # -- the matrix file and its covering arrays
@@ -497,7 +498,7 @@ UNMIRRORED: dict[str, str] = {
     "harness/models/gguf_weights.py": "tested through the GGUF export in tests/harness/models/test_gguf_export.py "
                                       "(tensors read back with gguf's reader, q/k rows permuted)",
     "harness/models/weights.py": "the seeded weights a reproducer carries, tested in "
-                                 "tests/harness/repro/standalone/test_checks.py and tests/harness/repro/scripts/test_vllm.py (a "
+                                 "tests/harness/sut/script/test_checks.py and tests/harness/sut/vllm/test_script.py (a "
                                  "script rebuilds the harness's)",
     # -- oracles whose tests need an engine
     "harness/oracles/inputs.py": "tested through engines that change their inputs in place: "

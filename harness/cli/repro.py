@@ -8,11 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness import sut
 from harness.cli.triage import TriageInputError, _load, reopen
-from harness.repro.finding import ReproError
+from harness.repro.finding import ReproError, writer_of
 from harness.repro.report import OUTPUT, REPORT, write_finding
 from harness.repro.reproduce import reproduce
-from harness.repro.scripts import writer_for
 
 #: runs a repro may spend unless ``--budget`` says otherwise.
 DEFAULT_BUDGET = 60
@@ -28,7 +28,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
         return 2
     run = reopen(data, args.dir, args.device)
     try:
-        writer_for(run.matrix.engine, run.matrix.engine_args)
+        writer_of(sut.engine(run.matrix.engine).program_name(run.matrix.engine_args))
     except ReproError as exc:
         raise TriageInputError(str(exc)) from None
     try:

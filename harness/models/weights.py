@@ -1,7 +1,7 @@
 """Checkpoint weights drawn from a seed with torch and safetensors alone (no kvmatrix import), so that a reproducer
-script carries these very definitions (``harness.repro.scripts`` copies them in) and serves the weights the cell
-served. The hybrid model's recipe is this module's own (``harness.models.checkpoints`` builds from it); the dense one
-mirrors ``harness.models.checkpoints.dense_tensors``, which exports the reference model's, and a test holds the two
+script carries these very definitions (vLLM's and llama.cpp's script writers copy them in) and serves the weights the
+cell served. The hybrid model's recipe is this module's own (``harness.models.checkpoints`` builds from it); the dense
+one mirrors ``harness.models.checkpoints.dense_tensors``, which exports the reference model's, and a test holds the two
 equal tensor by tensor."""
 from __future__ import annotations
 

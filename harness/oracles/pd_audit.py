@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from fixtures.workloads import CachedExpectation
 from harness.oracles.view import Oracle, PassView, verdict
 from harness.results.rows import Verdict
+from harness.sut.vllm_common.nixl import nixl_bytes
 
 
 #: what fails this oracle, one line (``harness oracles``, docs/reference/oracles.md).
@@ -21,18 +22,6 @@ FAILS_WHEN = (
     "cached_tokens; counted per pass: prefilled, decode split, connector hits, decode hit, bytes, transfers, "
     "failed transfers, prefill hit, emptied)"
 )
-
-def nixl_bytes(prompts: Sequence[int], backoff: int, hit: int, block_size: int, block_bytes: int,
-               state_bytes: int, states: int | None = None) -> tuple[int, str]:
-    """The bytes NIXL must move into the decode side for prompts of these lengths, and why: every prompt's blocks but
-    the ``backoff`` tokens the decode side computes, less its own ``hit`` (tokens), × the bytes a block holds in every
-    KV cache group, and the state of each request read (``states``; None: every request). Built-ins alone:
-    reproducer scripts copy it in."""
-    states = len(prompts) if states is None else states
-    blocks = sum(-(-(n - backoff) // block_size) for n in prompts) - hit // block_size
-    why = (f"{blocks} block(s) past the decode side's hit × {block_bytes} B + {states} request state(s) × "
-           f"{state_bytes} B")
-    return blocks * block_bytes + states * state_bytes, why
 
 
 def nixl_reads(lengths: Mapping[str, int], backoff: int, hits: Mapping[str, CachedExpectation]) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from harness.results.locate import Combination, analyze
 from harness.results.rows import error_type
 from harness.run.plan import CellPlan
 from harness.run.trial import Check, Outcome
+from harness.sut.script.writer import NoScript, ScriptWriter
 from reference_impl.faults import FAULTS
 
 #: the statuses a reproducer is written for.
@@ -30,6 +31,15 @@ REPRODUCIBLE = ("fail", "error", "xfail")
 class ReproError(ValueError):
     """A report directory, cell or option that ``harness repro`` cannot use, or a failure that does not reproduce;
     the message names it."""
+
+
+def writer_of(program: str) -> ScriptWriter:
+    """The script writer of ``program`` (``Engine.program_name``: a server's is its wire format), as its engine
+    declares it; ``ReproError`` naming the programs that have one."""
+    try:
+        return sut.script_writer(program)
+    except NoScript as exc:
+        raise ReproError(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +142,15 @@ class Reproducer:
         return sorted({flag for decl in declarations for flag in decl.get("cpu") or []})
 
     @property
+    def program(self) -> str:
+        """What the cell runs (``Engine.program_name``): its script's writer and its folder's name go by it."""
+        return sut.engine(self.plan.engine).program_name(self.plan.engine_args)
+
+    @property
     def slug(self) -> str:
         """The finding's folder name: ``reference-completeness-scheduler-priority`` (a server's: by its ``api``)."""
         what = self.check.check if self.check.oracle == "error" else self.check.text()
-        engine = sut.engine(self.plan.engine).program_name(self.plan.engine_args)
-        parts = [engine, what, self.toggle.factor, str(self.toggle.level)]
+        parts = [self.program, what, self.toggle.factor, str(self.toggle.level)]
         return re.sub(r"[^A-Za-z0-9]+", "-", "-".join(parts)).strip("-").lower()
 
     def command(self) -> str:

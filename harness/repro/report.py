@@ -21,13 +21,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from harness import oracles
-from harness.repro.finding import Reproducer
-from harness.repro.install import VENV
-from harness.repro.scripts import ScriptWriter, WRITERS, writer_for
-from harness.repro.scripts.text import environment
-from harness.repro.shrink import shrink_text
-from harness.repro.standalone.checks import CANNOT_JUDGE
+from harness.repro.expect import script
+from harness.repro.finding import Reproducer, writer_of
 from harness.results.rows import dumps, error_line
+from harness.sut.script.checks import CANNOT_JUDGE
+from harness.sut.script.install import VENV
+from harness.sut.script.text import environment, shrink_text
+from harness.sut.script.writer import ScriptWriter
 from reference_impl.faults import FAULTS
 
 SCRIPT, REPORT, FINDING, NOTES, OUTPUT = "repro.py", "REPORT.md", "finding.json", "notes.md", "output.txt"
@@ -106,8 +106,8 @@ def load(folder: Path) -> tuple[dict, Notes]:
 
 
 def engine_writer(finding: Mapping) -> ScriptWriter:
-    """The writer of a finding's script (its ``engine``)."""
-    return WRITERS[finding["engine"]]
+    """The writer of a finding's script (its ``engine``: the program its cell ran)."""
+    return writer_of(finding["engine"])
 
 
 def _install_and_run(finding: Mapping, writer: ScriptWriter, name: str) -> list[str]:
@@ -269,7 +269,7 @@ def finding_data(repro: Reproducer, writer: ScriptWriter, ran: Ran | None) -> di
             "shrink": repro.shrunk.to_json(), "finding": harness_finding, "expected": expected, "actual": actual,
             "environment": environment_lines, "upstream": _upstream(repro), "measured": ran and ran.measured,
             "script_exit": ran and ran.status,
-            "script": writer.data(repro)}
+            "script": script(repro, writer)}
 
 
 def dump(folder: Path, finding: Mapping) -> None:
@@ -280,7 +280,7 @@ def dump(folder: Path, finding: Mapping) -> None:
 def write_finding(repro: Reproducer, out: Path, verify: bool = True) -> tuple[Path, Ran | None]:
     """Write ``repro``'s folder at ``out``: its data, a notes.md to fill in where none is, the rendered files; run its
     script where ``verify`` (its output kept, its data rendered again with what it printed)."""
-    writer = writer_for(repro.plan.engine, repro.plan.engine_args)
+    writer = writer_of(repro.program)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / NOTES).exists():
         (out / NOTES).write_text(first_notes(repro, writer).text())

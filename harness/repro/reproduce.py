@@ -18,18 +18,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from fixtures.workloads import Workload, load_workload
-from harness import oracles
+from harness import oracles, sut
 from harness.matrix.model import Cell
 from harness.repro.ddmin import Budget, BudgetSpent
-from harness.repro.finding import ReproError, Reproducer, Toggle, located, pick_check, pick_row, toggle_candidates
-from harness.repro.scripts import writer_for
+from harness.repro.finding import (
+    ReproError, Reproducer, Toggle, located, pick_check, pick_row, toggle_candidates, writer_of,
+)
 from harness.repro.shrink import Shrinker, Shrunk, Size
-from harness.repro.standalone.checks import JUDGES
 from harness.run.boundary import recorded
 from harness.run.locate import cell_of
 from harness.run.plan import CellPlan, plan_cell
 from harness.run.session import MatrixRun
 from harness.run.trial import Check, Engines, Outcome, ReferenceFailed, References, Trial
+from harness.sut.script.checks import JUDGES
 
 Say = Callable[[str], None]
 
@@ -130,7 +131,8 @@ def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping]
     within ``budget`` runs; raises ``ReproError`` when it does not reproduce or no toggle cures it."""
     row = pick_row(rows, cell_id)
     check = pick_check(row, oracle)
-    writer_for(run.matrix.engine, run.matrix.engine_args)  # before any run: an engine without a script writer is refused at once
+    # before any run: a program without a script writer is refused at once
+    writer_of(sut.engine(run.matrix.engine).program_name(run.matrix.engine_args))
     if check.oracle not in JUDGES:
         raise ReproError(f"cell {row['cell_id']}: a script cannot judge {check.oracle} yet (it judges "
                          f"{', '.join(JUDGES)}); --oracle NAME picks another failing oracle")

@@ -15,12 +15,13 @@ and ``harness repro`` takes it as the row recorded it.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from fixtures.workloads import Workload
 from fixtures.workloads.expect import common_prefix
 from harness.repro.ddmin import Budget, BudgetSpent, ddmin
+from harness.sut.script.text import shrink_text
 from reference_impl.request import RequestSpec
 
 #: times the four steps are repeated at most (each pass after the first only finds what an earlier cut enabled).
@@ -69,14 +70,6 @@ class Shrunk:
         names = ("requests", "rounds", "prompt_tokens", "decoded_tokens")
         return {"before": dict(zip(names, self.before.as_tuple())), "after": dict(zip(names, self.after.as_tuple())),
                 "runs": self.runs, "budget": self.budget}
-
-
-def shrink_text(shrink: Mapping) -> str:
-    """A shrink as ``Shrunk.to_json`` (or a finding.json) holds it, as one line."""
-    names = {"requests": "requests", "rounds": "rounds", "prompt_tokens": "prompt tokens",
-             "decoded_tokens": "decoded tokens"}
-    sizes = ", ".join(f"{text} {shrink['before'][key]} → {shrink['after'][key]}" for key, text in names.items())
-    return f"{sizes}; {shrink['runs']} of {shrink['budget']} runs"
 
 
 @dataclass(frozen=True, slots=True)

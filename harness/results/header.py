@@ -9,7 +9,6 @@ import hashlib
 from importlib import metadata
 import platform
 import shlex
-import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -125,18 +124,6 @@ def _shown(value: object) -> str:
 def file_sha256(path: Path) -> str:
     """Hex SHA-256 of a file's bytes: two runs with the same hash ran the same matrix definition."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def git_commit(cwd: Path) -> str:
-    """``HEAD``'s commit, with ``+dirty`` when tracked files differ from it; ``unknown`` outside git."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "HEAD")
-        return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def device_name(device: str) -> str:

@@ -12,13 +12,13 @@ from harness import sut
 from harness.matrix.file import named_matrix
 from harness.matrix.model import Cell, MatrixError, Matrix, shown_path
 from harness.results.header import (
-    RunHeader, command_line, device_name, file_sha256, git_commit, new_run_id, now, versions,
+    RunHeader, command_line, device_name, file_sha256, new_run_id, now, versions,
 )
 from harness.results.rows import CellResult
 from harness.run.cell import configure_torch, run_cell
 from harness.run.plan import CellPlan, plan_cell
 from harness.run.golden import GoldenRuns
-from harness.sut.host import cpu_flags, kernel_flags, kernel_flags_of, record as host_record
+from harness.sut.host import cpu_flags, git_commit, kernel_flags, kernel_flags_of, record as host_record
 from reference_impl.faults import check_faults
 
 

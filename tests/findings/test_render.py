@@ -16,7 +16,7 @@ import pytest
 from harness.cli.findings import differing
 from harness.repro import lists
 from harness.repro.report import REPORT, SCRIPT, load, render
-from harness.repro.standalone.checks import CANNOT_JUDGE, CANNOT_JUDGE_LINE
+from harness.sut.script.checks import CANNOT_JUDGE, CANNOT_JUDGE_LINE
 
 ROOT = Path(__file__).resolve().parents[2]
 FINDINGS = sorted(path.parent for path in ROOT.glob("findings/*/finding.json"))

@@ -103,4 +103,5 @@ def _seams(levels: Mapping[str, object], server: Mapping[str, object]) -> Seams:
 
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("server",), parse_tables=_parse_tables,
                 launch_problem=_launch_problem, made_model=_made_model, build=_build,
-                program=lambda server: str(server.get("api", "openai")), needs_cpu=_needs_cpu, seams=_seams)
+                program=lambda server: str(server.get("api", "openai")), needs_cpu=_needs_cpu, seams=_seams,
+                writers=MappingProxyType({"llamacpp": "harness.sut.openai.llamacpp_script:WRITER"}))

@@ -86,4 +86,5 @@ def _open(levels: Mapping[str, object], faults: frozenset[str], device: str,
     return ReferenceEngine(levels, faults, device)
 
 
-ENGINE = Engine(levels=LEVELS, open=_open, in_process=True, seams=_seams, computes=_computes)
+ENGINE = Engine(levels=LEVELS, open=_open, in_process=True, seams=_seams, computes=_computes,
+                writers=MappingProxyType({"reference": "harness.sut.reference.script:WRITER"}))

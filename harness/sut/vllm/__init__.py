@@ -155,4 +155,4 @@ def _build(engine_args: Mapping[str, object]) -> dict[str, str]:
 
 ENGINE = Engine(levels=LEVELS, open=_open, tables=("engine_args",), parse_tables=_parse_tables,
                 launch_problem=_launch_problem, made_model=served_made_model, version=_version,
-                build=_build, seams=_seams)
+                build=_build, seams=_seams, writers=MappingProxyType({"vllm": "harness.sut.vllm.script:WRITER"}))

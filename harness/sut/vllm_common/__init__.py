@@ -8,6 +8,7 @@ both: neither engine package imports the other.
 ``spec``                how its proposers draft (accept_length's replay) and which shorten a hit
 ``applied``             what it applied of what it was asked, read back after start
 ``metrics``             what its KV connectors moved, from its metrics (standard library only)
+``nixl``                how many bytes its NIXL connector moves into a decode side (standard library only)
 ``interpreter``         where vLLM's environment is
 ======================  ================================================================================
 """

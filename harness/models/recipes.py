@@ -1,7 +1,7 @@
 """The checkpoints a reproducer script rebuilds inline, by name: each one's config.json, its seed, and for the dense
-model's family the layers the seed's draw covers (the dense model's: the draft is its first layer, the EAGLE head
-its layers behind a zero one). A script copies
-the definitions of ``harness.models.weights`` that draw them, so it serves the weights the cell served."""
+model's family the layers the seed's draw covers (the dense model's: the draft is its first layer, the EAGLE head its
+layers behind a zero one). A script copies the definitions of ``harness.models.weights`` that draw them, so it serves
+the weights the cell served. Below every engine package: vLLM's script writer and llama.cpp's both read them."""
 from __future__ import annotations
 
 from harness.models.checkpoints import EAGLE, HYBRID_SEED, SERVED_DENSE, draft_config, hybrid_config, llama_config

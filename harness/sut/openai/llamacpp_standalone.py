@@ -27,7 +27,7 @@ from typing import NoReturn
 # a script carries weights', gguf_weights' and the checks' definitions beside these
 from ...models.gguf_weights import write_gguf
 from ...models.weights import dense_tensors
-from .checks import cannot_judge
+from ..script.checks import cannot_judge
 
 #: llama-server's speculative counters (``/metrics``, started with ``--metrics``), by the key a pass gives them.
 SPEC_COUNTERS = {"drafts": "llamacpp:spec_decode_num_drafts_total",

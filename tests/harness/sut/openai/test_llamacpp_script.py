@@ -4,16 +4,15 @@ port and each GGUF by name; the GGUF it rebuilds is the one the harness serves; 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from harness import sut
 from harness.matrix.file import load_matrix
-from harness.repro.finding import ReproError
-from harness.repro.scripts import llamacpp as writer, writer_for
-from harness.repro.scripts.recipes import RECIPES
-from harness.repro.standalone import llamacpp as standalone
 from harness.models.gguf_export import gguf_file
+from harness.models.recipes import RECIPES
+from harness.sut.openai import llamacpp_script as writer, llamacpp_standalone as standalone
+from harness.sut.script.writer import NoScript
 
 ROOT = Path(__file__).resolve().parents[4]
 STAND_IN = ROOT / "tests" / "findings" / "stand_in" / "bin" / "llama-server"
@@ -24,15 +23,11 @@ def server() -> dict:
     return dict(load_matrix("llamacpp").engine_args)
 
 
-def repro_of(server: dict) -> SimpleNamespace:
-    return SimpleNamespace(plan=SimpleNamespace(engine_args=server))
-
-
 def test_the_launch_names_the_binary_the_port_and_each_gguf(server: dict, monkeypatch) -> None:
     monkeypatch.setenv("KVMATRIX_LLAMA_SERVER", str(STAND_IN))  # the harness's binary, whichever it is
     levels = {"cache": "device", "spec": "draft", "num_draft_tokens": 2, "slots": 4, "cache_ram": 0,
               "kv_unified": "on", "flash_attn": "off", "kv_type": "f16"}
-    setting = writer.launch(repro_of(server), levels)
+    setting = writer.launch(server, levels)
     argv = setting["argv"]
     assert argv[0] == "{llama_server}" and argv[argv.index("--port") + 1] == "{port}"
     assert argv[argv.index("-m") + 1] == "{dense}" and argv[argv.index("-md") + 1] == "{draft}"
@@ -40,17 +35,18 @@ def test_the_launch_names_the_binary_the_port_and_each_gguf(server: dict, monkey
     assert not any(str(gguf_file("dense")) in arg or str(gguf_file("draft")) in arg or str(STAND_IN) in arg
                for arg in argv)
     assert setting["request"] == {"cache_prompt": True}
-    off = writer.launch(repro_of(server), {**levels, "cache": "off", "spec": "none"})
+    off = writer.launch(server, {**levels, "cache": "off", "spec": "none"})
     assert off["request"] == {"cache_prompt": False} and "-md" not in off["argv"]
 
 
 def test_a_server_of_another_wire_format_has_no_llamacpp_script(server: dict, monkeypatch) -> None:
     monkeypatch.setenv("KVMATRIX_LLAMA_SERVER", str(STAND_IN))
-    with pytest.raises(ReproError, match="llama.cpp's llama-server alone"):
-        writer.launch(repro_of({**server, "api": "openai", "name": "vllm"}), {"cache": "off"})
-    assert writer_for("openai", server).engine == "llamacpp"
-    with pytest.raises(ReproError, match="sglang .engine 'openai'.: no reproducer script writer"):
-        writer_for("openai", {**server, "api": "sglang"})
+    with pytest.raises(NoScript, match="llama.cpp's llama-server alone"):
+        writer.launch({**server, "api": "openai", "name": "vllm"}, {"cache": "off"})
+    openai = sut.engine("openai")
+    assert sut.script_writer(openai.program_name(server)) is writer.WRITER
+    with pytest.raises(NoScript, match="sglang: no reproducer script writer"):
+        sut.script_writer(openai.program_name({**server, "api": "sglang"}))
 
 
 def test_the_inline_gguf_is_the_file_the_harness_serves(tmp_path: Path) -> None:

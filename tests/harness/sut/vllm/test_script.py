@@ -12,13 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.repro.scripts import text, vllm as writer
-from harness.repro.scripts.text import definitions
-from harness.repro.standalone import checks, vllm as standalone
+from fixtures.workloads import load_workload
 from harness.models.checkpoints import (
     HYBRID_SEED, SERVED_DENSE, dense_tensors, draft_tensors, eagle_tensors, hybrid_config, hybrid_tensors,
 )
-from harness.sut.vllm import child
+from harness.sut.script import checks, text
+from harness.sut.script.text import definitions
+from harness.sut.script.writer import NoScript, ScriptInputs
+from harness.sut.vllm import LEVELS, child, script as writer, standalone
 
 
 def test_the_inline_recipes_rebuild_the_checkpoints_the_harness_serves(tmp_path) -> None:
@@ -36,6 +37,18 @@ def test_toggled_is_failing_with_the_setting_changed_added_or_removed() -> None:
     source = writer._toggled(failing, toggled)
     assert eval(source, {"FAILING": failing}) == toggled  # noqa: S307 - the script's own line
     assert eval(writer._toggled(failing, failing), {"FAILING": failing}) == failing  # noqa: S307
+
+
+def test_the_data_is_each_settings_arguments_from_plain_inputs() -> None:
+    """A writer reads no reproducer: the levels, the toggled levels and the workload give each setting's
+    ``vllm.LLM`` arguments and the recipes they name; a checkpoint without a recipe is ``NoScript``."""
+    cached = LEVELS.full({"cache": "device", "spec": "draft"})
+    inputs = ScriptInputs(load_workload("system_prompt"), cached, {**cached, "cache": "off"}, {}, frozenset(), "cpu")
+    data = writer.data(inputs)
+    assert data["failing"]["enable_prefix_caching"] and not data["toggled"]["enable_prefix_caching"]
+    assert data["failing"]["speculative_config"]["model"] == "draft" and set(data["checkpoints"]) == {"dense", "draft"}
+    with pytest.raises(NoScript, match="this cell serves .*smollm2"):
+        writer.data(ScriptInputs(inputs.workload, LEVELS.full({"model": "smollm2"}), cached, {}, frozenset(), "cpu"))
 
 
 def test_arguments_resolve_to_the_rebuilt_checkpoints_and_a_tier_of_their_own() -> None:
@@ -64,7 +77,8 @@ def test_the_script_copies_the_child_definitions_the_standalone_code_imports() -
     """The standalone engine code reads metrics and the KV layout with the harness child's functions: the script
     carries exactly those, each defined once."""
     tree = ast.parse(inspect.getsource(standalone))
-    imported = {alias.name for node in tree.body if isinstance(node, ast.ImportFrom) and node.module == "sut.vllm.child"
+    imported = {alias.name for node in tree.body
+                if isinstance(node, ast.ImportFrom) and (node.level, node.module) == (1, "child")
                 for alias in node.names}
     assert imported and imported <= set(writer.CHILD_DEFINITIONS)
     _, source = definitions(child, writer.CHILD_DEFINITIONS)

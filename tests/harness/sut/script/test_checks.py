@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.repro.scripts.text import assemble
-from harness.repro.standalone import checks, reference, vllm
 from harness.models import weights
 from harness.sut.host import KERNEL_FLAGS, cpu_flags
+from harness.sut.reference import standalone as reference_standalone
+from harness.sut.script import checks
+from harness.sut.script.text import assemble
+from harness.sut.vllm import standalone as vllm_standalone
 
 AMX_XEON = "processor\t: 0\nflags\t\t: fpu sse4_2 avx2 avx512f avx512_bf16 amx_bf16 avx512_fp16 amx_tile amx_int8\n"
 AMD_EPYC = "processor\t: 0\nflags\t\t: fpu sse4_2 avx2 avx512f avx512_bf16 avx512_vnni\n"
@@ -115,8 +117,8 @@ def test_inputs_sees_an_input_the_engine_changed_and_passes_without_one() -> Non
 
 
 
-@pytest.mark.parametrize("module, engine", [(checks, set()), (reference, {"reference_impl"}),
-                                            (weights, {"torch", "safetensors"}), (vllm, {"vllm"})])
+@pytest.mark.parametrize("module, engine", [(checks, set()), (reference_standalone, {"reference_impl"}),
+                                            (weights, {"torch", "safetensors"}), (vllm_standalone, {"vllm"})])
 def test_the_standalone_code_imports_nothing_of_kvmatrix(module, engine: set[str]) -> None:
     """What a script copies in imports the standard library and its engine alone."""
     tree = ast.parse(inspect.getsource(module))

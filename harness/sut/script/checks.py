@@ -1,6 +1,6 @@
 """The check a reproducer script judges, on plain values, whatever the engine: what the oracle expected and what the
-run with the failing setting got, beside the run with the setting toggled. The standard library alone, and the
-pd_audit oracle's byte rule (``nixl_bytes``, copied into each script beside these).
+run with the failing setting got, beside the run with the setting toggled. The standard library alone, and vLLM's
+NIXL byte rule that the pd_audit oracle judges by (``vllm_common.nixl``'s ``nixl_bytes``, copied in beside these).
 
 A run is ``{"raised": "Type: message" or None, "passes": {"cold": pass, "warm": pass}}``, a pass
 ``{"outputs": [output], "audit": [problem], "nan_events": n}``, an output ``{"rid", "tokens", "logprobs", "margins",
@@ -27,9 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-# a script carries these definitions beside these (``harness.repro.scripts.text.check_definitions``)
-from ...oracles.pd_audit import nixl_bytes
-from ...sut.host import flags_of
+# a script carries these definitions beside these (``text.check_definitions``)
+from ..host import flags_of
+from ..vllm_common.nixl import nixl_bytes
 
 #: the exit status of a script that cannot judge its finding here (never 1, which says the bug shows).
 CANNOT_JUDGE = 2

@@ -1,5 +1,5 @@
 """The parts every reproducer script shares: the standalone modules' definitions copied in, their imports, literals
-laid out for reading, and the environment the script was written in."""
+laid out for reading, the shrink in words, and the environment the script was written in."""
 from __future__ import annotations
 
 import ast
@@ -13,13 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from harness.oracles import pd_audit
-from harness.repro import expect
-from harness.repro.finding import Reproducer
-from harness.repro.shrink import shrink_text
-from harness.repro.standalone import checks
 from harness.sut import host
 from harness.sut.host import kernel_flags
+from harness.sut.script import checks
+from harness.sut.vllm_common import nixl
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +61,8 @@ def definitions(module: ModuleType, names: Sequence[str] | None = None) -> tuple
 
 
 def check_definitions() -> list[tuple[list[str], str]]:
-    """What every script copies in to judge its check: ``standalone.checks`` and the oracle rule it calls."""
-    return [definitions(checks), definitions(pd_audit, ["nixl_bytes"]), definitions(host, ["flags_of", "_field"])]
+    """What every script copies in to judge its check: ``checks`` and the rules it calls."""
+    return [definitions(checks), definitions(nixl, ["nixl_bytes"]), definitions(host, ["flags_of", "_field"])]
 
 
 def import_block(lines: set[str] | list[str]) -> str:
@@ -114,6 +111,14 @@ def exits(needs_cpu: Sequence[str], more: Sequence[str] = ()) -> list[str]:
     return textwrap.wrap(text, 110)
 
 
+def shrink_text(shrink: Mapping) -> str:
+    """A shrink as ``Shrunk.to_json`` (or a finding.json) holds it, as one line."""
+    names = {"requests": "requests", "rounds": "rounds", "prompt_tokens": "prompt tokens",
+             "decoded_tokens": "decoded tokens"}
+    sizes = ", ".join(f"{text} {shrink['before'][key]} → {shrink['after'][key]}" for key, text in names.items())
+    return f"{sizes}; {shrink['runs']} of {shrink['budget']} runs"
+
+
 def docstring(finding: Mapping, engine: str, notes: Sequence[str], run: Sequence[str],
               more_exits: Sequence[str] = ()) -> str:
     """A script's docstring: what fails with which setting on ``engine``, the cell it came from and its shrink (then
@@ -139,16 +144,6 @@ def docstring(finding: Mapping, engine: str, notes: Sequence[str], run: Sequence
 def toggle_comment(toggle: Mapping) -> str:
     """The comment above ``TOGGLED``."""
     return f"#: the one toggled setting: {toggle['factor']} {toggle['level']} → {toggle['golden']} (its golden level)"
-
-
-def script_data(repro: Reproducer) -> dict:
-    """What every script's constants hold, as plain values: ``setting``, ``rounds`` (the shrunk workload), ``check``
-    and the CPU flags the finding needs (``needs_cpu``); a writer adds its engine's own."""
-    toggle = repro.toggle
-    rounds = [[[r.rid, list(r.prompt), r.max_new_tokens, r.priority] for r in group]
-              for group in repro.shrunk.workload.rounds()]
-    return {"setting": f"{toggle.factor}={toggle.level}", "rounds": rounds, "check": expect.check_spec(repro),
-            "needs_cpu": repro.needs_cpu}
 
 
 def workload_and_check(script: Mapping) -> list[str]:
