@@ -24,9 +24,9 @@ from harness.sut.vllm_common.interpreter import vllm_python
 
 #: where a storage tier's directory goes in the arguments (the script gives each setting a temporary one).
 TIER = Path("tier")
-#: what the standalone engine code reads the speculative counters and the KV layout with: the harness child's own,
-#: copied in (the connector counters: ``vllm_common.metrics``, whole).
-CHILD_DEFINITIONS = ("SPEC_COUNTERS", "kv_layout")
+#: what the standalone engine code reads the speculative counters and the KV layout with, and raises a tight cell's
+#: blocks with: the harness child's own, copied in (the connector counters: ``vllm_common.metrics``, whole).
+CHILD_DEFINITIONS = ("SPEC_COUNTERS", "hold_one_request", "kv_layout")
 
 
 def python() -> str:

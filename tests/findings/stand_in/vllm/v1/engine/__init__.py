@@ -1,0 +1,1 @@
+"""The stand-in's ``vllm.v1.engine``."""
