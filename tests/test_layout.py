@@ -468,12 +468,12 @@ UNMIRRORED: dict[str, str] = {
     "harness/cli/matrix_tests.py": "the matrix's pytest items, tested through the plugin end to end in "
                                    "tests/harness/test_pytest_plugin.py (one item per cell, -k, --lf, evidence)",
     "harness/cli/repro.py": "`harness repro`, tested end to end in tests/harness/repro/test_reproduce.py",
-    "harness/cli/findings.py": "`harness findings`, tested in tests/findings/test_render.py (every committed REPORT.md "
-                               "and engine-bug list is what the findings render today)",
+    "harness/cli/findings.py": "`harness findings`, tested in tests/findings/test_render.py (every finding renders; "
+                               "every engine-bug list is what the findings render today)",
     "harness/repro/lists.py": "the engine-bug lists, tested in tests/findings/test_render.py (the lists in README and "
                               "docs are the findings' own; a changed finding makes its list stale)",
-    "harness/repro/report.py": "a finding folder rendered, tested in tests/findings/test_render.py (every committed "
-                               "REPORT.md renders again; a hand edit is caught) and "
+    "harness/repro/report.py": "a finding folder rendered, tested in tests/findings/test_render.py (every finding's "
+                               "REPORT.md renders from its data and notes; a script without its packages exits 2) and "
                                "tests/harness/repro/test_reproduce.py",
     "harness/repro/expect.py": "a script's check, tested through `harness repro` in "
                                "tests/harness/repro/test_reproduce.py (the script it writes exits 1 with the fault)",

@@ -1,7 +1,7 @@
 """``harness findings``: the findings under ``findings/`` as data. It writes each folder's REPORT.md and repro.py
-from its finding.json and notes.md, and the engine-bug lists of README.md and docs/how-to/vllm.md from every
-finding; ``--check`` writes nothing and exits 1 naming each file that differs (a hand edit, or a renderer change not
-rendered yet); ``--lists`` prints the lists."""
+(git-ignored) from its finding.json and notes.md, and the engine-bug lists of README.md and docs/how-to/vllm.md
+(committed) from every finding; ``--check`` writes nothing and exits 1 naming each finding that does not render and
+each list that differs (a hand edit, or a finding changed and not rendered yet); ``--lists`` prints the lists."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from harness.repro.lists import FINDINGS, ROOT, TARGETS, ListError, list_text, listed, stale
-from harness.repro.report import REPORT, render, write_rendered
+from harness.repro.report import FINDING, render, write_rendered
 
 
 def folders(names: list[str], root: Path = FINDINGS) -> list[Path]:
@@ -23,10 +23,13 @@ def folders(names: list[str], root: Path = FINDINGS) -> list[Path]:
     return chosen
 
 
-def differing(folder: Path) -> list[Path]:
-    """The committed rendered files of ``folder`` (REPORT.md) that differ from what it renders now."""
-    path = folder / REPORT
-    return [path] if not path.is_file() or path.read_text() != render(folder)[REPORT] else []
+def unrenderable(folder: Path) -> str | None:
+    """Why ``folder``'s finding does not render (its finding.json unreadable or missing a field); None when it does."""
+    try:
+        render(folder)
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"{folder / FINDING}: does not render: {type(exc).__name__}: {exc}"
+    return None
 
 
 def cmd_findings(args: argparse.Namespace) -> int:
@@ -41,10 +44,12 @@ def cmd_findings(args: argparse.Namespace) -> int:
         print(f"findings: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        stale_files = [*(path for folder in chosen for path in differing(folder)), *lists_stale]
-        for path in stale_files:
-            print(f"{path}: differs from what the findings render (run python -m harness findings)", file=sys.stderr)
-        return 1 if stale_files else 0
+        problems = [why for why in map(unrenderable, chosen) if why is not None]
+        problems += [f"{path}: differs from what the findings render (run python -m harness findings)"
+                     for path in lists_stale]
+        for line in problems:
+            print(line, file=sys.stderr)
+        return 1 if problems else 0
     for folder in chosen:
         for path in write_rendered(folder):
             print(path)
@@ -59,7 +64,7 @@ def add_findings_command(sub: argparse._SubParsersAction) -> None:
                               "engine-bug lists of README.md and docs/how-to/vllm.md")
     findings.add_argument("names", nargs="*", metavar="FINDING", help="folders or names (default: every one)")
     mode = findings.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each REPORT.md or list "
-                      "that differs from what the findings render")
+    mode.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each finding that does "
+                      "not render and each list that differs from what the findings render")
     mode.add_argument("--lists", action="store_true", help="print the engine-bug lists and write nothing")
     findings.set_defaults(handler=cmd_findings)

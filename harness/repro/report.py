@@ -4,9 +4,9 @@
 shrunk workload, each setting's arguments, the check's expectations), expected and actual, the environment it was
 verified in, how long the script took and what it exited with, the upstream status with the record of its check.
 ``notes.md`` holds the prose a person writes (the title, what, the cause as far as located, any further section).
-From the two the harness renders ``REPORT.md`` (committed, marked generated) and ``repro.py`` (git-ignored under
-``findings/``, rendered on demand: ``python -m harness findings``); ``output.txt`` is what the script printed
-when it was last verified. Rendering needs neither a run nor the engine, so a test renders every finding again.
+From the two the harness renders ``REPORT.md`` and ``repro.py`` (marked generated, git-ignored under ``findings/``,
+rendered on demand: ``python -m harness findings``); ``output.txt`` is what the script printed when it was last
+verified. Rendering needs neither a run nor the engine, so a test renders every finding again.
 """
 from __future__ import annotations
 
