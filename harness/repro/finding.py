@@ -101,9 +101,8 @@ def pick_check(row: Mapping, oracle: str | None = None) -> Check:
 
 def located(rows: Sequence[Mapping], probes: Sequence[Mapping], row: Mapping, check: Check) -> Combination | None:
     """The combination the run's analysis located for ``row``'s failure class, None where it located none."""
-    name = f"error: {check.check}" if check.oracle == "error" else check.oracle
     for cls in analyze(rows, probes):
-        if cls.name == name:
+        if cls.name == check.failure_name():
             return next((f.combination for f in cls.findings if row["cell_id"] in f.cells), None)
     return None
 

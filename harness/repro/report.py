@@ -243,10 +243,12 @@ def _upstream(repro: Reproducer) -> dict:
 
 
 def first_notes(repro: Reproducer, writer: ScriptWriter) -> Notes:
-    """A new finding's notes.md: a title, and the cause where the run knows it (the planted fault's, or the
-    declarations' reasons), for a person to complete."""
+    """A new finding's notes.md: a title, and the cause where the run knows it (the planted fault's, or the reasons
+    of the declarations that name the check kept: another oracle's declaration explains nothing here), for a person
+    to complete."""
     planted = [FAULTS[name] for name in sorted(repro.plan.faults) if name in FAULTS]
-    declarations = (repro.row.get("expected") or {}).get("declarations", [])
+    declarations = [d for d in (repro.row.get("expected") or {}).get("declarations", [])
+                    if repro.check.failure_name() in d.get("fails", [])]
     cause = (" ".join(f"The planted fault `{f.name}`: {f.doc} (triggers: {dict(f.triggers)})" for f in planted)
              or " ".join(d.get("reason", "") for d in declarations))
     title = f"{repro.check.text()} fails with {repro.toggle.factor}={repro.toggle.level} ({writer.engine})"

@@ -32,6 +32,11 @@ class Check:
             return f"error: {self.check}"
         return self.oracle if self.check is None else f"{self.oracle} ({self.check})"
 
+    def failure_name(self) -> str:
+        """The name a declaration's ``fails`` and the run's failure classes give it: ``error: IndexError``, or the
+        oracle's name."""
+        return f"error: {self.check}" if self.oracle == "error" else self.oracle
+
     def findings(self, outcome: Outcome) -> list[dict]:
         """The findings of ``outcome`` that are this check's."""
         verdict = outcome.verdicts.get(self.oracle)

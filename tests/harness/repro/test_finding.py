@@ -3,11 +3,13 @@ declaration) and the settings it tries to toggle (the located combination's fact
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from harness.matrix.file import load_matrix
 from harness.repro.finding import ReproError, pick_check, pick_row, toggle_candidates
+from harness.repro.report import first_notes
 from harness.results.locate import Combination
 from harness.results.rows import Verdict
 from harness.run.trial import Check, Outcome
@@ -67,3 +69,19 @@ def test_toggle_candidates_put_the_located_factors_first(tmp_path: Path) -> None
     located = Combination((("spec", ("draft",)), ("pool", ("unified",))))
     toggles = toggle_candidates(matrix, levels, located)
     assert [t.text() for t in toggles] == ["spec draft → none", "pool unified → static", "cache device → off"]
+
+
+def test_a_new_findings_notes_take_the_cause_of_the_declarations_of_its_check_alone() -> None:
+    """An error cell also matched by another oracle's declaration (vLLM's ``inputs`` entry covers every cell) gets no
+    cause from it: that declaration explains another failure."""
+    declarations = [{"fails": ["inputs"], "reason": "output_kind set in place"},
+                    {"fails": ["error: FileNotFoundError"], "reason": "a false hit one block short"}]
+    repro = SimpleNamespace(plan=SimpleNamespace(faults=()), row={"expected": {"declarations": declarations}},
+                            check=Check("error", "FileNotFoundError"),
+                            toggle=SimpleNamespace(factor="spec", level="eagle"))
+    notes = first_notes(repro, SimpleNamespace(engine="vllm"))
+    assert notes.sections == {"Cause": "a false hit one block short"}
+    assert first_notes(SimpleNamespace(**{**vars(repro), "row": {"expected": {"declarations": declarations[:1]}}}),
+                       SimpleNamespace(engine="vllm")).sections == {}
+    assert Check("error", "IndexError").failure_name() == "error: IndexError"
+    assert Check("accept_length", "relative").failure_name() == "accept_length"
