@@ -3,14 +3,19 @@
 n-gram recurs: the proposer drafts nothing, yet vLLM's counters count one draft of k tokens, none accepted. It is the
 scheduler's placeholder padding of the decode side's first step after the KV load (vllm-project/vllm#45237: k drafts
 ``-1`` no proposer made), counted as a draft (open fix vllm-project/vllm#50518): with the padding switched off in the
-same pair (``spec_padding.py``) the next request counts none. No draft KV is involved: the n-gram proposer has none."""
+same pair (``spec_padding.py``) the next request counts none. No draft KV is involved: the n-gram proposer has none.
+The same padding follows a prefix-cache hit that leaves one prompt token: the findings it causes exit 0 (fixed) with
+the padding switched off in their scripts' engines (``no_padding/sitecustomize.py``)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from harness.repro.report import SCRIPT, render
 from harness.sut.vllm import LEVELS as VLLM, vllm_python
 from harness.sut.vllm.arguments import engine_arguments
 from harness.sut.vllm.connectors import PREFILL_PARAMS, PREFILL_TOKENS
@@ -20,6 +25,10 @@ from reference_impl.request import RequestSpec
 from tests.binaries import required_path
 
 PROGRAM = Path(__file__).with_name("spec_padding.py")
+NO_PADDING = Path(__file__).with_name("no_padding")
+FINDINGS = Path(__file__).resolve().parents[4] / "findings"
+#: the findings whose extra verify step is the placeholder padding: after a handoff (PD), after a prefix-cache hit
+PADDED = ["vllm-pd-nixl-extra-verify-step", "vllm-draft-warm-pass", "vllm-ngram-warm-pass"]
 #: distinct tokens: no n-gram of 2 to 4 tokens recurs in the prompt (the n-gram level's lookup), nor, as served here
 #: (tokens 40, 206, 50, 82 on the dense model), once decoded
 PROMPT = (155, 6, 17, 42, 99, 3, 201, 77)
@@ -86,3 +95,16 @@ def test_the_decode_sides_placeholder_padding_is_counted_as_a_draft_the_ngram_pr
     counted = [{name: answer["spec"][name] for name in SPEC_COUNTERS} for answer in (padded, unpadded)]
     assert counted == [{"drafts": 1, "draft_tokens": k, "accepted_tokens": 0},
                        {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}], counted
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm-findings")  # beside the findings' own scripts (tests/findings/test_findings.py)
+@pytest.mark.parametrize("name", PADDED)
+def test_each_padding_finding_is_fixed_by_switching_the_padding_off(name: str, tmp_path: Path) -> None:
+    """The finding's own script, its engines' scheduler unpadded (``no_padding`` on ``PYTHONPATH``, so no ``-I``):
+    exit 0 where tests/findings/test_findings.py holds that it exits 1 as written."""
+    python = required_path(vllm_python(), "vllm-env")
+    (tmp_path / SCRIPT).write_text(render(FINDINGS / name)[SCRIPT])
+    done = subprocess.run([str(python), SCRIPT], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(NO_PADDING)})
+    assert done.returncode == 0 and "FIXED" in done.stdout, (done.stdout + done.stderr)[-3000:]
