@@ -27,10 +27,14 @@ ACCEPT_TOLERANCE = 0.10
 FAILS_WHEN = (
     "spec cells only: a pass's mean accept length drops against the golden levels with the same proposer or from "
     "cold to warm, leaves the band measured for its workload, exceeds k + 1, disagrees with the engine's own "
-    "counters, a request drafted other than its proposer must, or a pass's counters differ from the engine's "
-    "proposer (n-gram lookup, a draft model the reference runs) replayed over its tokens (checks: relative, band, "
-    "trace, recount, drafted, replay)"
+    "counters, a request drafted other than its proposer must, a pass's counters differ from the engine's "
+    "proposer (n-gram lookup, a draft model the reference runs) replayed over its tokens, or the engine counts as "
+    "drafts placeholders its scheduler made (checks: relative, band, trace, recount, drafted, replay, placeholders)"
 )
+#: a pass's counters that an engine's scheduler adds to its drafts, which no proposer made (vLLM's padding of a request
+#: with one token left, ``harness/sut/vllm/counts.py``), by the counter they are counted in
+PLACEHOLDERS = {"drafts": "placeholder_drafts", "draft_tokens": "placeholder_tokens"}
+
 
 def _mean_or_one(outputs: Sequence[RequestOutput]) -> float:
     """Mean accept length, 1.0 (one token per step, as plain decoding) when nothing was verified."""
@@ -134,6 +138,25 @@ def _trace_findings(view: PassView) -> list[dict]:
     return findings
 
 
+def proposed(counters: dict[str, int] | None) -> dict[str, int] | None:
+    """A pass's counters less the placeholder drafts the engine counted in them (``PLACEHOLDERS``): the proposer's
+    own drafts, which its rule, golden and cold are held to; the placeholders are a finding of their own."""
+    if counters is None:
+        return None
+    return {**counters, **{key: counters.get(key, 0) - counters[extra] for key, extra in PLACEHOLDERS.items()
+                           if extra in counters}}
+
+
+def _placeholder_findings(view: PassView) -> list[dict]:
+    """The engine's counters count as drafts the verify steps its scheduler padded with placeholders no proposer made
+    (vLLM: vllm-project/vllm#45237's padding counted, #50518 open)."""
+    padded = view.got.counters.get("placeholder_drafts", 0)
+    if not padded:
+        return []
+    return [{**view.where(), "check": "placeholders", "against": "the proposer's own drafts", "what": "drafts",
+             "expected": 0, "got": padded, "tokens": view.got.counters.get("placeholder_tokens", 0)}]
+
+
 def pass_accept_length(counters: dict[str, int] | None) -> float:
     """Mean accept length of a pass from its counters (vLLM's 1 + accepted / drafts), 1.0 without a draft."""
     drafts = (counters or {}).get("drafts", 0)
@@ -152,7 +175,7 @@ def _replay_findings(view: PassView) -> list[dict] | None:
     a request whose replay rests on a model's draft token chosen at a near-tie (the cell's tie tolerance) is not
     judged: which of the two the engine drafted is not known. None: the pass was not replayed.
     """
-    rule, counters = view.traits.spec.replay, view.got.counters
+    rule, counters = view.traits.spec.replay, proposed(view.got.counters)
     requested, prompts = view.requested, view.prompts
     if counters.get("preemptions", 0):
         return None  # a preempted request is recomputed and drafts anew from there: its steps are not the replay's
@@ -179,15 +202,16 @@ def _replay_findings(view: PassView) -> list[dict] | None:
 def _counted_findings(view: PassView, cold: dict[str, dict[str, int] | None]) -> tuple[list[dict], bool]:
     """A pass-counted engine: the pass's mean accept length against golden-with-this-spec and warm against cold
     (no drop past the tolerance, never above k + 1); the self-draft level exactly k + 1; the measured band; a
-    proposer's counters against the replay of its rule. Also whether the pass was replayed."""
-    got, most = pass_accept_length(view.got.counters), view.traits.spec.max_accept_length
+    proposer's counters against the replay of its rule, placeholders not counted as its drafts but found apart.
+    Also whether the pass was replayed."""
+    got, most = pass_accept_length(proposed(view.got.counters)), view.traits.spec.max_accept_length
     whole = view.traits.spec.whole_drafts
-    references = [("golden", pass_accept_length(view.references["spec_golden"].counters))]
+    references = [("golden", pass_accept_length(proposed(view.references["spec_golden"].counters)))]
     if view.name == "warm" and cold.get(view.workload) is not None:
-        references.append(("cold", pass_accept_length(cold[view.workload])))
+        references.append(("cold", pass_accept_length(proposed(cold[view.workload]))))
     if not whole:  # the step budget may cut drafts, by the engine's design: the length is the scheduler's too
         references = [("k + 1", 0.0)]
-    found = []
+    found = _placeholder_findings(view)
     for against, want in references:
         if (expected := missed_bound(got, want, most)) is not None:
             found.append({**view.where(), "check": "relative", "against": against, "expected": expected,
@@ -218,10 +242,10 @@ def _judge_counted(armed: Sequence[PassView]) -> Verdict:
     findings = [f for found, _ in judged for f in found]
     replayed = sum(was for _, was in judged)
     drafting = [v for v in armed if could_draft(v)]
-    if drafting and not any(v.got.counters.get("drafts", 0) for v in drafting):  # the proposer was never exercised
+    if drafting and not any(proposed(v.got.counters).get("drafts", 0) for v in drafting):  # the proposer never drafted
         findings.append({"workload": "every workload", "pass": "every pass", "check": "drafted",
                          "against": f"spec = {armed[0].traits.spec.method}", "expected": "> 0 drafts", "got": 0})
-    means = [pass_accept_length(v.got.counters) for v in armed]
+    means = [pass_accept_length(proposed(v.got.counters)) for v in armed]
     replays = f"; {replayed} of {len(armed)} passes replayed" if armed[0].traits.spec.replay is not None else ""
     if not armed[0].traits.spec.whole_drafts:
         replays += "; the step budget may cut drafts: only k + 1 as a bound"

@@ -15,7 +15,7 @@ One JSON object per line on stdin, one answer per line on stdout, logs on stderr
         -> {"ok": true, "seconds": s, "outputs": [{"rid", "tokens", "logprobs", "top_ids", "top_logprobs",
             "num_cached_tokens", "finish_reason", "kv_transfer_params"}], "spec": {"drafts", "draft_tokens",
             "accepted_tokens", "accepted_per_pos"}, "connector": {name: count over this serve},
-            "scheduler": {"preemptions", "evicted_blocks"}, "inputs": {"call", "where", "compared", "changes"}, "audit"?:
+            "scheduler": {"preemptions", "evicted_blocks", "placeholder_drafts", "placeholder_tokens"}, "inputs": {"call", "where", "compared", "changes"}, "audit"?:
             {"steps", "count", "problems"}, "poison"?: {"issued", "freed"}}: what generate changed of its inputs; the audit's and the poison's since the last serve (a reset's steps too)
     {"op": "reset", "reset_connector": bool, "settle_s": s}
                                                    -> {"ok": true, "reset": bool, "steps": n}: an empty prefix cache
@@ -82,6 +82,7 @@ class Child:
         self.llm: Any = None
         self.failed = ""
         self.evicted: list[int] | None = None  # cached blocks evicted so far (None: the engine core is elsewhere)
+        self.placeholders: list[int] | None = None  # placeholder drafts and their tokens scheduled so far (None: unseen)
         self.poison: Any = None  # poison.KvPoison, with "poison": true
         self.audit: Any = None  # audit.PoolAudit, with "audit": true
 
@@ -102,7 +103,8 @@ class Child:
         if asked is not None:
             hold_one_request()
         self.llm = LLM(**{**DEFAULT_ARGS, **engine_args, **FORCED_ARGS})
-        self.evicted = count_evictions(self.llm)
+        counts = sibling("counts")
+        self.evicted, self.placeholders = counts.count_evictions(self.llm), counts.count_placeholders(self.llm)
         answer = {"seconds": time.perf_counter() - began, "applied": applied_config(self.llm)}
         sized = self.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks_override
         if asked is not None and sized != asked:
@@ -185,10 +187,14 @@ class Child:
         return answer
 
     def scheduler_counters(self, metrics: list) -> dict:
-        """Requests preempted so far (vLLM's ``vllm:num_preemptions``) and cached blocks evicted (absent where the
-        engine core runs in another process and cannot be counted)."""
+        """Requests preempted so far (vLLM's ``vllm:num_preemptions``), cached blocks evicted and placeholder drafts
+        scheduled (``counts.py``; each absent where the engine core runs in another process and cannot be
+        counted)."""
         preempted = sum(int(m.value) for m in metrics if m.name == "vllm:num_preemptions")
-        return {"preemptions": preempted, **({} if self.evicted is None else {"evicted_blocks": self.evicted[0]})}
+        placeholders = {} if self.placeholders is None else {"placeholder_drafts": self.placeholders[0],
+                                                              "placeholder_tokens": self.placeholders[1]}
+        return {"preemptions": preempted, **({} if self.evicted is None else {"evicted_blocks": self.evicted[0]}),
+                **placeholders}
 
 
 def sibling(name: str, path: Path | None = None) -> Any:
@@ -263,24 +269,6 @@ def kv_layout(llm: Any) -> dict:
             kind = "state_bytes" if "Mamba" in type(layer_spec).__name__ else "block_bytes"
             sizes[kind] += int(layer_spec.real_page_size_bytes)
     return {"block_size": block_size, **sizes}
-
-
-def count_evictions(llm: Any) -> list[int] | None:
-    """A counter of the cached blocks vLLM evicts to reuse them (``BlockPool._maybe_evict_cached_block`` returning
-    True, ``vllm/v1/core/block_pool.py``: vLLM counts none itself); None where the engine core is in another process."""
-    try:
-        pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
-    except AttributeError:
-        return None
-    evicted, evict = [0], pool._maybe_evict_cached_block
-
-    def counted(block: Any) -> bool:
-        done = evict(block)
-        evicted[0] += bool(done)
-        return done
-
-    pool._maybe_evict_cached_block = counted
-    return evicted
 
 
 def request_output(rid: str, result: Any, top: int) -> dict:

@@ -112,8 +112,9 @@ class ChildProcess:
 
 #: the speculative counters a serve answer carries, summed per pass; a KV connector's are added beside them.
 SPEC_COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
-#: what the scheduler did under KV pressure in a serve: requests preempted, cached blocks evicted.
-SCHEDULER_COUNTERS = ("preemptions", "evicted_blocks")
+#: what the scheduler did in a serve: requests preempted and cached blocks evicted under KV pressure, and the verify
+#: steps it padded with placeholder drafts no proposer made, and their tokens (``counts.count_placeholders``).
+SCHEDULER_COUNTERS = ("preemptions", "evicted_blocks", "placeholder_drafts", "placeholder_tokens")
 #: what the child's pool audit and NaN poison counted in a serve (``audit.py``, ``poison.py``), where they are on:
 #: steps audited, problems found, blocks poisoned as the pool handed them out and as requests freed them for good.
 INSIDE_COUNTERS = {"audited_steps": ("audit", "steps"), "audit_problems": ("audit", "count"),

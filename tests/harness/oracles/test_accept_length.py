@@ -72,6 +72,21 @@ def test_drafts_and_draft_tokens_are_exact(what: str, got: int) -> None:
         REPLAYED[what], verdict.message
 
 
+def test_placeholder_drafts_are_a_finding_of_their_own_and_the_proposer_is_judged_without_them() -> None:
+    """vLLM's scheduler padding one step with 2 placeholders it counts as a draft (harness/sut/vllm/counts.py): the
+    replay and the relative check hold the proposer's own drafts (the counters less the placeholders), and the
+    placeholders fail a check named for them alone."""
+    padded = {**REPLAYED, "drafts": REPLAYED["drafts"] + 1, "draft_tokens": REPLAYED["draft_tokens"] + 2,
+              "placeholder_drafts": 1, "placeholder_tokens": 2}
+    verdict = ORACLES["accept_length"]([counted_view(padded, golden_counters=REPLAYED)])
+    assert verdict.status == "fail", verdict.message
+    assert [(f["check"], f["what"], f["expected"], f["got"], f["tokens"]) for f in verdict.detail] == \
+        [("placeholders", "drafts", 0, 1, 2)]
+    unnamed = {key: value for key, value in padded.items() if not key.startswith("placeholder")}
+    checks = {f["check"] for f in ORACLES["accept_length"]([counted_view(unnamed, golden_counters=REPLAYED)]).detail}
+    assert checks == {"relative", "replay"}  # unseen (a server), they count as the proposer's: its mean and replay move
+
+
 #: an EAGLE cell asking vLLM to keep the last matched block
 VLLM_TRAITS_KEEPING = vllm_traits(VLLM.full({"spec": "eagle", "cache": "device", "eagle_block_drop": "off"}))
 
