@@ -51,6 +51,8 @@ def metrics(runs: list[WorkloadRun], own_runs: list[WorkloadRun], wall: float, g
         "cached_tokens_cold": sum(o.cached_tokens for r in runs for o in r.passes["cold"].outputs),
         "preemptions": _stat(runs, "preemptions"),
         "evicted_blocks": _stat(runs, "evicted_blocks"),
+        "placeholder_drafts": _stat(runs, "placeholder_drafts"),
+        "placeholder_tokens": _stat(runs, "placeholder_tokens"),
         **_spec_metrics(runs),
         **_pd_metrics(runs),
         **_inside_metrics(runs),

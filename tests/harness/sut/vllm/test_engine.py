@@ -238,7 +238,8 @@ for line in sys.stdin:
     preempted = 2 if tight and pressure != "never" else 0
     print(json.dumps({"ok": True, "seconds": 0.0, "outputs": outputs, "connector": {},
                       "spec": {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0},
-                      "scheduler": {"preemptions": preempted, "evicted_blocks": preempted},
+                      "scheduler": {"preemptions": preempted, "evicted_blocks": preempted, "placeholder_drafts": 1,
+                                    "placeholder_tokens": 3},
                       "inputs": {"call": "LLM.generate", "where": "a stand-in", "compared": len(msg["requests"]),
                                  "changes": []}}), flush=True)
 '''
@@ -259,6 +260,7 @@ def test_a_tight_cell_must_preempt_and_lose_nothing(tmp_path: Path, monkeypatch:
     assert {name: result.oracles[name].status for name in verdicts} == verdicts, result.error
     preempted = 0 if pressure == "never" else 4  # two passes of the pair workload
     assert (result.metrics["preemptions"], result.metrics["evicted_blocks"]) == (preempted, preempted)
+    assert (result.metrics["placeholder_drafts"], result.metrics["placeholder_tokens"]) == (2, 6)  # one a pass
 
 
 def test_a_roomy_cell_is_not_judged_for_pressure_and_shows_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

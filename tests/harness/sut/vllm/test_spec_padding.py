@@ -1,5 +1,5 @@
-"""The extra verify step a PD decode side takes per request (``vllm-pd-nixl-extra-verify-step``, the two
-``pd = "nixl"`` × proposer declarations in ``matrices/vllm.toml``), shown with the n-gram proposer on a prompt where no
+"""The extra verify step a PD decode side takes per request (``vllm-pd-nixl-extra-verify-step``, the
+``pd = "nixl"`` × proposer declaration in ``matrices/vllm.toml``), shown with the n-gram proposer on a prompt where no
 n-gram recurs: the proposer drafts nothing, yet vLLM's counters count one draft of k tokens, none accepted. It is the
 scheduler's placeholder padding of the decode side's first step after the KV load (vllm-project/vllm#45237: k drafts
 ``-1`` no proposer made), counted as a draft (open fix vllm-project/vllm#50518): with the padding switched off in the
