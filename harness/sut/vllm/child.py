@@ -82,7 +82,7 @@ class Child:
         self.llm: Any = None
         self.failed = ""
         self.evicted: list[int] | None = None  # cached blocks evicted so far (None: the engine core is elsewhere)
-        self.placeholders: list[int] | None = None  # placeholder drafts and their tokens scheduled so far (None: unseen)
+        self.placeholders: list[int] | None = None  # placeholder drafts and tokens scheduled so far (None: unseen)
         self.poison: Any = None  # poison.KvPoison, with "poison": true
         self.audit: Any = None  # audit.PoolAudit, with "audit": true
 

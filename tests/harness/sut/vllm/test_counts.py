@@ -1,6 +1,7 @@
 """What the child counts inside vLLM's scheduler: placeholder drafts (the padding no proposer made) told apart from a
 proposer's, nothing where the engine core is elsewhere or schedules asynchronously, evictions only when one happened.
-A stand-in engine core: the functions read attributes alone (the real engine: tests/harness/sut/vllm/test_spec_padding.py)."""
+A stand-in engine core: the functions read attributes alone (the real engine:
+tests/harness/sut/vllm/test_spec_padding.py)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
