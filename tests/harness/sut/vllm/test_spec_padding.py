@@ -5,7 +5,8 @@ scheduler's placeholder padding of the decode side's first step after the KV loa
 ``-1`` no proposer made), counted as a draft (open fix vllm-project/vllm#50518): with the padding switched off in the
 same pair (``spec_padding.py``) the next request counts none. No draft KV is involved: the n-gram proposer has none.
 The same padding follows a prefix-cache hit that leaves one prompt token: the findings it causes exit 0 (fixed) with
-the padding switched off in their scripts' engines (``no_padding/sitecustomize.py``)."""
+the padding switched off in their scripts' engines (``no_padding/sitecustomize.py``), as the EAGLE chunked-prefill
+finding does with the token after each chunk fed to the head (``chunk_tail/sitecustomize.py``)."""
 from __future__ import annotations
 
 import json
@@ -25,10 +26,11 @@ from reference_impl.request import RequestSpec
 from tests.binaries import required_path
 
 PROGRAM = Path(__file__).with_name("spec_padding.py")
-NO_PADDING = Path(__file__).with_name("no_padding")
 FINDINGS = Path(__file__).resolve().parents[4] / "findings"
-#: the findings whose extra verify step is the placeholder padding: after a handoff (PD), after a prefix-cache hit
-PADDED = ["vllm-pd-nixl-extra-verify-step", "vllm-draft-warm-pass", "vllm-ngram-warm-pass"]
+#: finding → the folder whose ``sitecustomize.py`` patches its located cause out of the script's engines: the
+#: placeholder padding (an extra verify step after a handoff, after a prefix-cache hit), the chunk tail's backup token
+FIXES = {"vllm-pd-nixl-extra-verify-step": "no_padding", "vllm-draft-warm-pass": "no_padding",
+         "vllm-ngram-warm-pass": "no_padding", "vllm-eagle-chunked-prefill-rejects": "chunk_tail"}
 #: distinct tokens: no n-gram of 2 to 4 tokens recurs in the prompt (the n-gram level's lookup), nor, as served here
 #: (tokens 40, 206, 50, 82 on the dense model), once decoded
 PROMPT = (155, 6, 17, 42, 99, 3, 201, 77)
@@ -99,12 +101,12 @@ def test_the_decode_sides_placeholder_padding_is_counted_as_a_draft_the_ngram_pr
 
 @pytest.mark.vllm
 @pytest.mark.xdist_group("vllm-findings")  # beside the findings' own scripts (tests/findings/test_findings.py)
-@pytest.mark.parametrize("name", PADDED)
-def test_each_padding_finding_is_fixed_by_switching_the_padding_off(name: str, tmp_path: Path) -> None:
-    """The finding's own script, its engines' scheduler unpadded (``no_padding`` on ``PYTHONPATH``, so no ``-I``):
-    exit 0 where tests/findings/test_findings.py holds that it exits 1 as written."""
+@pytest.mark.parametrize("name", sorted(FIXES))
+def test_each_located_finding_is_fixed_by_patching_its_cause_out(name: str, tmp_path: Path) -> None:
+    """The finding's own script, its engines patched at the located cause (the ``sitecustomize`` folder on
+    ``PYTHONPATH``, so no ``-I``): exit 0 where tests/findings/test_findings.py holds that it exits 1 as written."""
     python = required_path(vllm_python(), "vllm-env")
     (tmp_path / SCRIPT).write_text(render(FINDINGS / name)[SCRIPT])
     done = subprocess.run([str(python), SCRIPT], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(NO_PADDING)})
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).with_name(FIXES[name]))})
     assert done.returncode == 0 and "FIXED" in done.stdout, (done.stdout + done.stderr)[-3000:]
