@@ -43,6 +43,7 @@ def judge(views: Sequence[PassView]) -> Verdict:
             ok = expect.admits(out.cached_tokens) and expect.admits_split(split["host"], split["storage"])
             if not ok or sum(split.values()) != out.cached_tokens:
                 findings.append({**view.where(), "request": out.rid,
+                                 "past_page": len(view.prompts[out.rid]) % expect.page_size,
                                  "expected": expect.describe(), "got": _by_tier(out), "rule": expect.basis,
                                  "expected_tiers": {"total": [expect.lo, expect.hi], "host": expect.host,
                                                     "storage": expect.storage},

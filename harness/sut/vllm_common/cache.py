@@ -110,11 +110,14 @@ def shortened(request: RequestSpec, backoff: int) -> RequestSpec:
 
 
 def example_tier_hit(prompt_tokens: int, block_size: int) -> int:
-    """Tokens ``ExampleConnector`` loads for a prompt whose key is in its directory: it keys a whole prompt by the
-    hash of ``align_to_block_size(len(prompt) - 1)`` tokens, ``(n - 1) // block * block`` of ``n = len - 1``
-    (``example_connector.py``: ``get_num_new_matched_tokens``, ``align_to_block_size``), so one block less than the
-    prefix cache whenever ``len - 1`` is a multiple of the block; a prompt sharing fewer tokens hits nothing."""
-    return max(prompt_tokens - 2, 0) // block_size * block_size
+    """Tokens of a prompt that ``ExampleConnector`` keys and saves it by, so that a later lookup of the same prompt
+    loads them: ``ReqMeta.make_meta`` aligns ``len(prompt)`` by ``align_to_block_size`` (``(n - 1) // block *
+    block``), the prefix cache's own rule (whole blocks, short of the last token). Its lookup
+    (``get_num_new_matched_tokens``, ``_found_match_for_prompt``, which also decides whether a prompt is saved) aligns
+    ``len - 1``, one block less where ``len - 1`` is a multiple of the block, so such a prompt neither finds its own
+    key nor is saved under it. The connector's two paths disagree: the save path's rule is expected, the lookup's
+    shortfall is a finding (``findings/vllm-example-connector-false-hit``), not a rule to copy."""
+    return max(prompt_tokens - 1, 0) // block_size * block_size
 
 
 def nixl_backoff(hybrid: bool) -> int:
@@ -129,12 +132,13 @@ class ExampleConnectorTier:
     """How a ``cache = storage`` cell's hits are granted (its ``CacheTraits.rule``): the cold pass starts from an empty
     tier and follows the shared page rule, the tier's share left free (a later round may load a key an earlier one
     stored, and vLLM reports no per-request split); every later pass follows a device-cache reset, so each request
-    loads at least its own prompt's key from the tier (``example_tier_hit``), and at most that or what the pass's
-    other prompts share with it in whole blocks (the device cache, refilled within the pass). No host tier: its
-    share is 0."""
+    loads at least what the connector saved of its own prompt (``example_tier_hit``: the save path's rule, which is
+    the prefix cache's), and at most that or what the pass's other prompts share with it in whole blocks (the device
+    cache, refilled within the pass). No host tier: its share is 0."""
 
-    name: str = ("ExampleConnector's disk tier: a whole prompt keyed by its block-aligned length - 1 "
-                 "(vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py), the device cache above it")
+    name: str = ("ExampleConnector's disk tier: a prompt saved as its whole blocks short of the last token "
+                 "(vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py, make_meta), the device cache "
+                 "above it")
 
     def expected(self, workload: Workload, traits: Traits, name: str,
                  passes: Mapping[str, PassResult]) -> dict[str, CachedExpectation]:

