@@ -42,8 +42,10 @@ def judge(views: Sequence[PassView]) -> Verdict:
                     warm[tier] += n
             ok = expect.admits(out.cached_tokens) and expect.admits_split(split["host"], split["storage"])
             if not ok or sum(split.values()) != out.cached_tokens:
+                over = out.cached_tokens - expect.hi
                 findings.append({**view.where(), "request": out.rid,
                                  "past_page": len(view.prompts[out.rid]) % expect.page_size,
+                                 "pages_over": over / expect.page_size if over > 0 else 0,
                                  "expected": expect.describe(), "got": _by_tier(out), "rule": expect.basis,
                                  "expected_tiers": {"total": [expect.lo, expect.hi], "host": expect.host,
                                                     "storage": expect.storage},

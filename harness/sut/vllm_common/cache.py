@@ -2,11 +2,13 @@
 pressure, over NIXL on a hybrid, from ExampleConnector's disk tier; ``cache_rule`` picks a cell's. Each wraps another
 rule (the shared one, or a tier's) and cites the vLLM source it models.
 
-EAGLE: the head drafts from the target's hidden states at the position before the generation point, which a cache
-hit would skip, so vLLM recomputes the last matched block: ``find_longest_cache_hit`` in
-``vllm/v1/core/single_type_kv_cache_manager.py`` ("if drop_eagle_block and hit_length > 0: hit_length -=
-min(alignment_tokens, block_size)"; ``use_eagle`` is set for EAGLE and MTP proposers, not for a draft model). A
-request that the paged rule grants m whole blocks gets max(0, m - 1) of them.
+EAGLE: the head reads token j + 1 at position j, so its KV at a block's last position depends on the token after
+the block, which the block's hash does not cover; vLLM recomputes the last matched block (PR #17137):
+``find_longest_cache_hit`` in ``vllm/v1/core/single_type_kv_cache_manager.py`` ("if drop_eagle_block and hit_length >
+0: hit_length -= min(alignment_tokens, block_size)"; ``use_eagle`` is set for EAGLE and MTP proposers, not for a
+draft model). A request that the paged rule grants m whole blocks gets max(0, m - 1) of them. The rule is the
+engine's for any hit: a KV connector's (ExampleConnector's lookup applies none) is held to it too, and a hit that
+keeps the block is a finding (``findings/vllm-eagle-connector-keeps-block``), not a second rule.
 
 Pressure: a freed block keeps its hash until it is handed out again, and the free queue hands out the least
 recently used first (``FreeKVCacheBlockQueue`` in ``vllm/v1/core/kv_cache_utils.py``; ``BlockPool
@@ -163,16 +165,16 @@ class ExampleConnectorTier:
 
 
 def cache_rule(levels: Mapping[str, object], drops_eagle_block: bool | None = None) -> CacheRule | None:
-    """The rule a vLLM cell's hits are judged by: a disk tier's, else one block fewer where vLLM drops the last matched
-    block for an EAGLE head (``drops_eagle_block``: as read back from the engine; None: as the levels ask, spec =
-    eagle without eagle_block_drop = off; vLLM drops it from the prefix cache's hit, not a connector's), then a
-    ceiling only in a tight KV cache, all on the prompts a NIXL pair's prefill side serves (a Mamba hybrid's one
-    token short: ``PrefillSideShort``); None for the shared paged rule."""
+    """The rule a vLLM cell's hits are judged by: a disk tier's or the shared paged rule, one block fewer where vLLM
+    drops the last matched block for an EAGLE head (``drops_eagle_block``: as read back from the engine; None: as the
+    levels ask, spec = eagle without eagle_block_drop = off; the prefix cache applies it, and a connector's hit is
+    held to it as well), then a ceiling only in a tight KV cache, all on the prompts a NIXL pair's prefill side
+    serves (a Mamba hybrid's one token short: ``PrefillSideShort``); None for the shared paged rule."""
     if drops_eagle_block is None:
         drops_eagle_block = levels["spec"] == "eagle" and levels.get("eagle_block_drop", "on") == "on"
     rule = ExampleConnectorTier() if levels["cache"] == "storage" else None
-    if drops_eagle_block and rule is None:  # the drop is the prefix cache's; a connector's hit keeps its block
-        rule = EagleDropsLastBlock()
+    if drops_eagle_block:
+        rule = EagleDropsLastBlock(rule or SHARED)
     rule = EvictedUnderPressure(rule or SHARED) if levels["kv_capacity"] == "tight" else rule
     backoff = nixl_backoff(levels["model"] == "hybrid") if levels.get("pd", "off") == "nixl" else 0
     return PrefillSideShort(rule or SHARED, backoff) if backoff else rule

@@ -11,7 +11,7 @@ def test_cached_tokens_fails_on_wrong_count() -> None:
     outs[0].cached_tokens = outs[0].cached_device = 4
     v = ORACLES["cached_tokens"]([view(outs, baseline())])
     assert v.status == "fail" and v.detail[0] == {
-        "workload": "w", "pass": "warm", "request": "a", "past_page": 0, "expected": "8", "got": "4", "rule": "",
+        "workload": "w", "pass": "warm", "request": "a", "past_page": 0, "pages_over": 0, "expected": "8", "got": "4", "rule": "",
         "expected_tiers": {"total": [8, 8], "host": 0, "storage": 0},
         "got_tiers": {"total": 4, "device": 4, "host": 0, "storage": 0}}
 
@@ -30,3 +30,14 @@ def test_a_finding_names_the_prompt_tokens_past_its_last_whole_page_so_a_declara
     outs[1].cached_tokens = outs[1].cached_device = 4
     v = ORACLES["cached_tokens"]([view(outs, baseline(), prompts=prompts, expected_cached=expected, known=boundary)])
     assert v.status == "pass", v.detail
+
+
+def test_a_finding_names_the_whole_pages_it_hit_above_the_rule() -> None:
+    """A hit one page past what the rule allows (vLLM's ExampleConnector keeping the block the EAGLE drop takes) is
+    ``pages_over = 1``; one short of the rule is 0."""
+    outs = baseline()
+    outs[0].cached_tokens = outs[0].cached_device = 12
+    outs[1].cached_tokens = outs[1].cached_device = 0
+    expected = {"a": CachedExpectation(8, 8, 4), "b": CachedExpectation(4, 4, 4)}
+    v = ORACLES["cached_tokens"]([view(outs, baseline(), expected_cached=expected)])
+    assert [(f["request"], f["pages_over"]) for f in v.detail] == [("a", 1), ("b", 0)]

@@ -69,16 +69,25 @@ def test_a_tight_cell_allows_anything_up_to_the_paged_hit() -> None:
         assert (e.lo, e.hi) == (0, ceiling[rid].hi) and "FreeKVCacheBlockQueue" in e.basis
 
 
-def test_a_storage_cell_with_eagle_keeps_the_tiers_rule_and_a_pressed_cold_pass_may_load_its_own_key() -> None:
-    """vLLM drops EAGLE's block from the prefix cache's hit only; under pressure a preempted request is recomputed
-    and may load the key it saved in the same pass."""
+def test_a_storage_cell_with_eagle_holds_the_tiers_hit_to_the_eagle_drop_and_a_pressed_cold_pass_may_load_its_key(
+        ) -> None:
+    """vLLM's EAGLE drop is its rule for any hit, the tier's too (ExampleConnector's lookup applies none: the finding
+    it makes is judged, not copied); under pressure a preempted request is recomputed and may load the key it saved
+    in the same pass, less that block."""
     from harness.sut.vllm_common.cache import ExampleConnectorTier, example_tier_hit
 
     traits = vllm_traits(LEVELS.full({"cache": "storage", "spec": "eagle", "kv_capacity": "tight", "page_size": 64}))
-    assert isinstance(traits.cache.rule, EvictedUnderPressure) and isinstance(traits.cache.rule.inner, ExampleConnectorTier)
+    rule = traits.cache.rule
+    assert isinstance(rule, EvictedUnderPressure) and isinstance(rule.inner, EagleDropsLastBlock)
+    assert isinstance(rule.inner.inner, ExampleConnectorTier)
     workload = load_workload("repeated_phrases")
-    cold = traits.cache.rule.expected(workload, traits, "cold", {})
-    assert all(cold[r.rid].hi >= example_tier_hit(len(r.prompt), 64) for r in workload.requests)
+    cold = rule.expected(workload, traits, "cold", {})
+    assert all(cold[r.rid].hi >= example_tier_hit(len(r.prompt), 64) - 64 for r in workload.requests)
+    roomy = vllm_traits(LEVELS.full({"cache": "storage", "spec": "eagle", "page_size": 32}))
+    tier = ExampleConnectorTier().expected(load_workload("system_prompt"), roomy, "warm", {})
+    dropped = roomy.cache.rule.expected(load_workload("system_prompt"), roomy, "warm", {})
+    assert {rid: (e.lo, e.hi) for rid, e in dropped.items()} == \
+        {rid: (max(0, e.lo - 32), max(0, e.hi - 32)) for rid, e in tier.items()}
 
 
 @pytest.mark.parametrize(("levels", "held"), [
