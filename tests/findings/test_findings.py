@@ -15,7 +15,7 @@ from harness.repro.report import SCRIPT, render
 from harness.sut.script.checks import CANNOT_JUDGE, CANNOT_JUDGE_LINE
 from harness.sut.openai.launch import llama_server_path
 from harness.sut.vllm import vllm_python
-from tests.binaries import required_path
+from tests.binaries import required_path, run_group
 
 ROOT = Path(__file__).resolve().parents[2]
 #: each finding that has a script, by engine (a finding without one says in its REPORT.md why none fails)
@@ -62,8 +62,7 @@ def still_shows(done: subprocess.CompletedProcess, folder: Path, engine: str, ma
 def test_the_vllm_finding_still_shows(folder: Path, tmp_path: Path) -> None:
     python = required_path(vllm_python(), "vllm-env")
     script = rendered(folder, tmp_path)
-    done = subprocess.run([str(python), "-I", script.name], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    done = run_group([str(python), "-I", script.name], TIMEOUT_S, cwd=tmp_path)
     still_shows(done, folder, "vLLM", "matrices/vllm.toml")
 
 
@@ -73,8 +72,8 @@ def test_the_vllm_finding_still_shows(folder: Path, tmp_path: Path) -> None:
 def test_the_llamacpp_finding_still_shows(folder: Path, tmp_path: Path) -> None:
     binary = required_path(llama_server_path(), "llama-server")
     script = rendered(folder, tmp_path)
-    done = subprocess.run([sys.executable, "-I", script.name], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env={**os.environ, "LLAMA_SERVER": str(binary)})
+    done = run_group([sys.executable, "-I", script.name], TIMEOUT_S, cwd=tmp_path,
+                     env={**os.environ, "LLAMA_SERVER": str(binary)})
     still_shows(done, folder, "llama.cpp", "matrices/llamacpp.toml")
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from harness.sut.vllm.connectors import PREFILL_PARAMS, PREFILL_TOKENS
 from harness.sut.vllm.pd import PdPair
 from harness.sut.vllm.protocol import SPEC_COUNTERS, serve_message
 from reference_impl.request import RequestSpec
-from tests.binaries import required_path
+from tests.binaries import required_path, run_group
 
 PROGRAM = Path(__file__).with_name("spec_padding.py")
 FINDINGS = Path(__file__).resolve().parents[4] / "findings"
@@ -107,6 +106,6 @@ def test_each_located_finding_is_fixed_by_patching_its_cause_out(name: str, tmp_
     ``PYTHONPATH``, so no ``-I``): exit 0 where tests/findings/test_findings.py holds that it exits 1 as written."""
     python = required_path(vllm_python(), "vllm-env")
     (tmp_path / SCRIPT).write_text(render(FINDINGS / name)[SCRIPT])
-    done = subprocess.run([str(python), SCRIPT], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).with_name(FIXES[name]))})
+    done = run_group([str(python), SCRIPT], 600, cwd=tmp_path,
+                     env={**os.environ, "PYTHONPATH": str(Path(__file__).with_name(FIXES[name]))})
     assert done.returncode == 0 and "FIXED" in done.stdout, (done.stdout + done.stderr)[-3000:]
