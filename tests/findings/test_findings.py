@@ -3,6 +3,7 @@ maintainer renders it, still shows its bug (exit 1) on the engine version the pr
 fixed it; a script against a stand-in engine without the bug exits 0, as it will once the engine is fixed."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from harness.repro.report import SCRIPT, render
 from harness.sut.script.checks import CANNOT_JUDGE, CANNOT_JUDGE_LINE
 from harness.sut.openai.launch import llama_server_path
-from harness.sut.vllm import vllm_python
+from harness.sut.vllm import standalone, vllm_python
 from tests.binaries import required_path, run_group
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +88,27 @@ def test_a_vllm_script_exits_zero_on_an_engine_without_the_bug(folder: Path, tmp
     skip_where_it_cannot_show(done)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "FIXED" in done.stdout
+
+
+def test_a_vllm_script_whose_engine_hangs_cannot_judge_and_prints_where_each_engine_waits(tmp_path: Path) -> None:
+    """An engine that gives no answer (the stand-in's ``generate`` never returns) ends the run within the script's
+    deadline: exit 2 with its line, each engine's threads' stacks on stderr, and no engine process left behind."""
+    pair = next(folder for folder in VLLM_FINDINGS if "decode" in json.loads((folder / "finding.json").read_text())
+                ["script"]["failing"])
+    script = rendered(pair, tmp_path)
+    deadline = f"\nANSWER_S = {standalone.ANSWER_S}\n"
+    assert deadline in script.read_text()
+    script.write_text(script.read_text().replace(deadline, "\nANSWER_S = 5\n"))
+    path = f"{STAND_IN}:{sysconfig.get_paths()['purelib']}"
+    done = run_group([sys.executable, "-S", str(script)], TIMEOUT_S, cwd=tmp_path,
+                     env={"PYTHONPATH": path, "STAND_IN_HANGS": "1"})
+    assert done.returncode == CANNOT_JUDGE, done.stdout + done.stderr
+    assert CANNOT_JUDGE_LINE in done.stderr and "raised NoAnswer: toggled.prefill gave no answer in 5 s" in done.stderr
+    for side in ("prefill", "decode"):
+        assert f"failing.{side}: its threads' stacks, given no answer:" in done.stderr, done.stderr
+    assert 'in generate' in done.stderr and "threading.py" in done.stderr, done.stderr
+    left = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout
 
 
 @pytest.mark.parametrize("folder", LLAMACPP_FINDINGS, ids=lambda path: path.name)

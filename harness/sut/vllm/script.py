@@ -154,7 +154,7 @@ def render(finding: Mapping) -> str:
         *workload_and_check(script),
     ]
     main = ("def main():\n    if sys.argv[1:2] == [\"--engine\"]:\n        engine_main()\n        return 0\n"
-            "    print(f\"python {sys.version.split()[0]}, {engine_version()}\")\n"
+            "    print(f\"python {sys.version.split()[0]}, {engine_version()}\", flush=True)\n"
             "    runs = run_settings(CHECKPOINTS, {\"failing\": FAILING, \"toggled\": TOGGLED}, ROUNDS)\n"
             "    return reproduce(CHECK, runs[\"failing\"], runs[\"toggled\"], SETTING)")
     imports = {line for lines, _ in sources for line in lines}

@@ -7,14 +7,17 @@ NIXL moved. Imports vllm (in an engine's process alone), torch and safetensors (
 standard library; the harness child's metric readers (``harness.sut.vllm.child``) are copied in beside it."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import math
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -33,6 +36,11 @@ PAIR_ENV = {"UCX_NET_DEVICES": "lo"}
 TAIL_LINES = 40
 #: seconds an engine process gets to leave once its stdin is closed.
 CLOSE_S = 30
+#: seconds an engine gets for one answer (its start, or a round) before the run is given up as hung: several times
+#: what the slowest took here on 2 busy cores (a PD pair's start, 100 s), far under a test's 600 s guard.
+ANSWER_S = 300
+#: seconds an engine asked for its threads' stacks (SIGUSR1, ``faulthandler``) gets to write them to its log.
+STACKS_S = 5
 
 
 def build_checkpoints(recipes: dict, directory: Path) -> dict[str, str]:
@@ -122,6 +130,7 @@ def engine_main() -> None:
     Answers go to a copy of stdout; vLLM's logs to stderr."""
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a hung engine waits, on the script's asking
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, as the harness runs it
     try:
         from vllm import LLM
@@ -145,6 +154,10 @@ class EngineEnded(Exception):
     """An engine process that answered ``raised`` or ended without an answer; its message is the run's ``raised``."""
 
 
+class NoAnswer(EngineEnded):
+    """An engine process that gave no answer within ``ANSWER_S``: every engine of the run is asked for its stacks."""
+
+
 class Engine:
     """An engine process of this script (``--engine``), its log in ``directory``."""
 
@@ -159,7 +172,10 @@ class Engine:
 
     def answer(self) -> dict:
         """The next answer; ``EngineEnded`` for an exception or a process that ended (a signal is its cause), after
-        the tail of the engine's log (its traceback, or what it said before it died) on stderr."""
+        the tail of the engine's log (its traceback, or what it said before it died) on stderr; ``NoAnswer`` past
+        ``ANSWER_S`` (an engine answers one line per line asked, so nothing waits unread in the pipe's buffer)."""
+        if not select.select([self.proc.stdout], [], [], ANSWER_S)[0]:
+            raise NoAnswer(f"NoAnswer: {self.label} gave no answer in {ANSWER_S} s")
         line = self.proc.stdout.readline()
         answer = json.loads(line) if line else None
         if answer is not None and "raised" not in answer:
@@ -179,6 +195,20 @@ class Engine:
         self.proc.stdin.write(json.dumps(message) + "\n")
         self.proc.stdin.flush()
         return self.answer()
+
+    def give_up(self) -> None:
+        """End a run given no answer: where each thread of the engine's process is (its ``faulthandler`` dump on
+        SIGUSR1) on stderr, then the process killed, which would not read its closed stdin."""
+        if self.proc.poll() is not None:
+            return
+        self.log.flush()
+        start = self.log.seek(0, os.SEEK_END)
+        self.proc.send_signal(signal.SIGUSR1)
+        time.sleep(STACKS_S)
+        self.log.seek(start)
+        print(f"{self.label}: its threads' stacks, given no answer:\n{self.log.read()}", file=sys.stderr, flush=True)
+        self.proc.kill()
+        self.proc.wait()
 
     def close(self) -> None:
         """End the process: its stdin closed, it leaves; killed when it has not within ``CLOSE_S``."""
@@ -237,6 +267,9 @@ def serve(label: str, setting: dict, rounds: list[list[tuple]], directory: Path)
                 run["passes"][name]["pd"] = {**layout, "bytes": moved["nixl_bytes"], "hit": moved["local_cache_hit"],
                                              "prompts": [len(prompt) for group in rounds for _, prompt, _, _ in group]}
     except EngineEnded as exc:
+        if isinstance(exc, NoAnswer):
+            for engine in engines.values():
+                engine.give_up()
         run["raised"] = str(exc)
     finally:
         for engine in engines.values():

@@ -1,10 +1,12 @@
 """A stand-in for vLLM's offline API without any finding's bug: what a reproducer script reads of it (``LLM``,
 ``generate``'s outputs with their logprobs, ``get_metrics``' speculative counters and NIXL's bytes,
 ``reset_prefix_cache``, the engine core's KV layout) made up from the prompts alone, so the failing setting and the
-toggled one serve alike, as a fixed vLLM would."""
+toggled one serve alike, as a fixed vLLM would. With ``STAND_IN_HANGS`` set, ``generate`` never returns."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -70,6 +72,8 @@ class LLM:
 
     def generate(self, prompts: list[dict], params: list[SamplingParams], use_tqdm: bool = False,
                  priority: list[int] | None = None) -> list[SimpleNamespace]:
+        if os.environ.get("STAND_IN_HANGS"):
+            threading.Event().wait()
         k = (self.kwargs.get("speculative_config") or {}).get("num_speculative_tokens", 0)
         results = []
         for prompt, asked in zip(prompts, params):
