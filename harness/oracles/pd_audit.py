@@ -129,6 +129,10 @@ def _counted_findings(view: PassView, cold: PassView) -> list[dict]:
          f"one transfer per request{skipped}"),
         ("failed transfers", 0, decode["nixl_failed_transfers"] + prefill["nixl_failed_transfers"], None,
          "none may fail"),
+        ("expired leases", {"released unread": 0, "read after": 0},
+         {"released unread": prefill["nixl_expired_leases"], "read after": prefill["nixl_reads_after_expiry"]}, None,
+         "the prefill side keeps a request's blocks until the decode side has read them; past its lease "
+         "(kv_lease_duration) it frees them, and a later read takes whatever they hold then"),
         ("prefill hit", sum(led["prefill_hits"].values()), prefill["local_cache_hit"] + prefill["external_kv_transfer"],
          None, "the prefill side's per-request hits add up to its counted hit (prefix cache and tier)"),
         ("emptied", "an empty prefix cache before the pass", "blocks still held" if not led["emptied"] else None,

@@ -19,7 +19,8 @@ async_scheduling        ``async_scheduling``
 kv_cache_dtype          ``kv_cache_dtype`` (auto, fp8)
 kv_capacity             roomy: a fixed 256 MiB KV cache; tight: ``num_gpu_blocks_override`` of the blocks the
                         workload's largest request needs plus vLLM's null block (``tight_blocks``), and
-                        ``max_model_len`` to match
+                        ``max_model_len`` to match; a PD pair's prefill side holds a whole round
+                        (``prefill_blocks``)
 dtype                   ``dtype`` (float32, bfloat16)
 deterministic           ``VLLM_BATCH_INVARIANT=1`` in the child's environment (CUDA only)
 model                   a checkpoint made here (dense, hybrid, smollm2) or a path to one
@@ -59,6 +60,21 @@ def tight_blocks(workload: Workload, levels: Mapping[str, object]) -> int:
     the spare block requests mostly run one at a time and only bursts preempt (BENCHMARKS.md)."""
     page, lookahead = int(levels["page_size"]), int(levels["num_draft_tokens"]) if levels["spec"] != "none" else 0
     return max(-(-(len(r.prompt) + r.max_new_tokens + lookahead) // page) for r in workload.requests) + 2
+
+
+def round_size(workload: Workload) -> int:
+    """The most requests one round of ``workload`` serves side by side."""
+    return max(len(group) for group in workload.rounds())
+
+
+def prefill_blocks(workload: Workload, levels: Mapping[str, object]) -> int:
+    """The KV blocks of a tight PD pair's prefill side: ``tight_blocks`` less the null block for every request of
+    the workload's largest round, and the null block. The harness hands a round to the decode side once the prefill
+    side has answered all of it, and the prefill side keeps each request's blocks, leased, until the decode side has
+    read them: sized as the decode side, it holds one or two requests of a round and the rest wait for a lease to
+    run out (NixlConnector's ``kv_lease_duration``, 30 s), after which the decode side reads blocks handed out again
+    (``findings/vllm-pd-expired-lease-read``). So the pressure a tight pair puts on is the decode side's."""
+    return round_size(workload) * (tight_blocks(workload, levels) - 1) + 1
 
 
 def engine_arguments(levels: Mapping[str, object], engine_args: Mapping[str, object],

@@ -4,11 +4,11 @@ Run it with vLLM's interpreter (``.venv-vllm/bin/python -I harness/sut/vllm/chil
 only the standard library, vllm and torch, never our packages, since those live in another venv.
 One JSON object per line on stdin, one answer per line on stdout, logs on stderr:
 
-    {"op": "start", "engine_args": {...}, "poison": bool, "audit": bool}
+    {"op": "start", "engine_args": {...}, "poison": bool, "audit": bool, "hold": n}
                                                    -> {"ok": true, "seconds": s, "applied": {...}, "poisoned"?: {...},
                                                       "resized"?: {...}}: what vLLM applied of the arguments
                                                       (``applied_config``), read back; ``resized``: the arguments
-                                                      this child raised (``hold_one_request``); ``poison``: its KV
+                                                      this child raised (``hold_requests``); ``poison``: its KV
                                                       cache NaN-poisoned (``poison.py``), ``audit``: its block pool audited after every step (``audit.py``)
     {"op": "serve", "requests": [{"rid", "prompt", "max_new_tokens", "priority", "kv_transfer_params"?}],
      "top_logprobs": 2}
@@ -101,7 +101,7 @@ class Child:
 
         asked = engine_args.get("num_gpu_blocks_override")
         if asked is not None:
-            hold_one_request()
+            hold_requests(int(msg.get("hold", 1)))
         self.llm = LLM(**{**DEFAULT_ARGS, **engine_args, **FORCED_ARGS})
         counts = sibling("counts")
         self.evicted, self.placeholders = counts.count_evictions(self.llm), counts.count_placeholders(self.llm)
@@ -213,12 +213,13 @@ def sibling(name: str, path: Path | None = None) -> Any:
 connector_counters = sibling("metrics", METRICS).connector_counters
 
 
-def hold_one_request() -> None:
+def hold_requests(requests: int = 1) -> None:
     """Raise a tight cell's KV blocks (``num_gpu_blocks_override``, the harness's ``tight_blocks``) to vLLM's own
-    least for one request of ``max_model_len``, counted over its KV cache groups as its start-up check counts them
-    (``vllm/v1/core/kv_cache_utils.py``, ``check_enough_kv_cache_memory``), plus the null block. A dense model's
-    count is that least already; a hybrid model's Mamba state pages share the pool with its attention blocks, whose
-    size vLLM raises to match them, so a count of attention pages alone is refused at start-up."""
+    least for ``requests`` requests of ``max_model_len`` at once, one counted over its KV cache groups as vLLM's
+    start-up check counts it (``vllm/v1/core/kv_cache_utils.py``, ``check_enough_kv_cache_memory``), plus the null
+    block. A dense model's count is that least already; a hybrid model's Mamba state pages share the pool with its
+    attention blocks, whose size vLLM raises to match them, so a count of attention pages alone is refused at
+    start-up (and a PD prefill side sized in them would hold fewer requests of a round than it must)."""
     from vllm.v1.core import kv_cache_utils
     from vllm.v1.engine import core
 
@@ -231,7 +232,8 @@ def hold_one_request() -> None:
         if groups:  # counted as the check counts it: per group, padded to uniform groups (a draft's layers too)
             needed = kv_cache_utils._max_memory_usage_bytes_from_groups(vllm_config, groups)
             per_block = kv_cache_utils._pool_bytes_per_block(vllm_config, groups)
-            cache.num_gpu_blocks_override = max(cache.num_gpu_blocks_override, -(-needed // per_block) + 1)
+            least = requests * -(-needed // per_block) + 1
+            cache.num_gpu_blocks_override = max(cache.num_gpu_blocks_override, least)
         return configs(vllm_config, kv_cache_specs, available_memory)
 
     core.get_kv_cache_configs = sized

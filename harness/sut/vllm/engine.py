@@ -21,7 +21,7 @@ from fixtures.workloads import Workload
 from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
 from harness.sut.inputs import InputsCheck
 from harness.sut.vllm import LEVELS
-from harness.sut.vllm.arguments import engine_arguments, tight_blocks
+from harness.sut.vllm.arguments import engine_arguments, prefill_blocks, round_size, tight_blocks
 from harness.sut.vllm.pd import PdPair, PdSystem
 from harness.sut.vllm.protocol import (
     INSIDE_COUNTERS, SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, add_counters, add_inputs, audit_problems, field,
@@ -73,7 +73,7 @@ class VllmEngine:
         self.children: dict[bool, ChildProcess] = {}  # alone → its child
         self.blocks: dict[bool, int | None] = {}  # alone → the KV blocks its child was started with (None: roomy)
         self.pair: PdPair | None = None
-        self.pair_blocks: int | None = None  # the KV blocks each engine of the pair was started with (None: roomy)
+        self.pair_blocks: tuple[int, int] | None = None  # the pair's KV blocks, decode and prefill side (None: roomy)
 
     def child(self, alone: bool, workload: Workload) -> tuple[ChildProcess, float]:
         """The cell's child (``alone``: a second one running one request at a time, with no tier), started on first
@@ -106,10 +106,11 @@ class VllmEngine:
 
     def pd_pair(self, workload: Workload) -> tuple[PdPair, float, bool]:
         """The cell's PD pair, started side by side on first use (and the wall seconds that took), else emptied; and
-        whether its caches are empty. A tight cell sizes both engines' KV caches alike from ``workload``
-        (``tight_blocks``: the prefill side holds a request's blocks until the decode side has read them, the decode
-        side holds it while it decodes); a pair of another size is replaced."""
-        blocks = tight_blocks(workload, self.levels) if self.levels["kv_capacity"] == "tight" else None
+        whether its caches are empty. A tight cell sizes the decode side's KV cache from ``workload``
+        (``tight_blocks``) and the prefill side's to hold a round of it (``prefill_blocks``: each request's blocks
+        stay there, leased, until the decode side has read them); a pair of another size is replaced."""
+        tight = self.levels["kv_capacity"] == "tight"
+        blocks = (tight_blocks(workload, self.levels), prefill_blocks(workload, self.levels)) if tight else None
         if self.pair is not None and self.pair_blocks == blocks:
             emptied = self.pair.reset()
             self.empty_tier()
@@ -118,8 +119,10 @@ class VllmEngine:
             self.pair.close()
             self.pair = None
             self.empty_tier()
-        arguments = engine_arguments(self.levels, self.engine_args, self.tier, blocks)
-        self.pair = PdPair(str(self.levels["pd"]), arguments, self.env, nixl_backoff(self.traits.hybrid), self.levels)
+        arguments = engine_arguments(self.levels, self.engine_args, self.tier, blocks and blocks[0])
+        prefill = {"num_gpu_blocks_override": blocks[1]} if blocks else {}
+        self.pair = PdPair(str(self.levels["pd"]), arguments, self.env, nixl_backoff(self.traits.hybrid), self.levels,
+                           prefill=prefill, hold=round_size(workload) if blocks else 1)
         self.pair_blocks = blocks
         # the decode side's cache is the one the warm pass hits (both sides apply the same arguments alike)
         self.read_back(arguments, self.pair.started["decode"])

@@ -51,10 +51,12 @@ class PdPair:
     by side with the cell's arguments (a proposer on both: the decode side's KV layout, draft layers included, must be
     the prefill side's; a tier, the arguments' ``kv_transfer_config``, on the prefill side); ``backoff`` is the prompt
     tokens the decode side computes itself (``nixl_backoff``); ``levels`` the cell's, for its poison and audit (both
-    sides: the decode side's blocks are poisoned before NIXL writes them)."""
+    sides: the decode side's blocks are poisoned before NIXL writes them); ``prefill`` the prefill side's own
+    arguments over the cell's and ``hold`` the requests it holds at once (a tight pair's: ``prefill_blocks``)."""
 
     def __init__(self, level: str, arguments: Mapping[str, object], env: Mapping[str, str], backoff: int,
-                 levels: Mapping[str, object] | None = None) -> None:
+                 levels: Mapping[str, object] | None = None, prefill: Mapping[str, object] | None = None,
+                 hold: int = 1) -> None:
         self.level, self.backoff = level, backoff
         self.tiered = "kv_transfer_config" in arguments
         tier = arguments.get("kv_transfer_config")
@@ -67,7 +69,8 @@ class PdPair:
                 child = ChildProcess({**env, **NIXL_ENV, SIDE_CHANNEL_PORT_ENV: str(free_port())}, name=f"{side} engine")
                 self.sides[side] = child
                 config = pd_config(level, role, tier)
-                child.send(start_message({**arguments, "kv_transfer_config": config}, levels or {}))
+                own, held = (prefill or {}, hold) if side == "prefill" else ({}, 1)
+                child.send(start_message({**arguments, **own, "kv_transfer_config": config}, levels or {}, hold=held))
             #: each side's start answer: what vLLM applied there (``applied``) and what its child raised (``resized``)
             self.started = {side: child.receive("start") for side, child in self.sides.items()}
             self.layout = self.decode.ask({"op": "layout"})

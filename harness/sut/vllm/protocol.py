@@ -121,10 +121,11 @@ INSIDE_COUNTERS = {"audited_steps": ("audit", "steps"), "audit_problems": ("audi
                    "poisoned_issued": ("poison", "issued"), "poisoned_freed": ("poison", "freed")}
 
 
-def start_message(arguments: Mapping[str, object], levels: Mapping[str, object]) -> dict:
-    """The start request of a cell's child: vLLM's arguments, and the cell's ``poison`` and ``audit`` levels."""
+def start_message(arguments: Mapping[str, object], levels: Mapping[str, object], hold: int = 1) -> dict:
+    """The start request of a cell's child: vLLM's arguments, the cell's ``poison`` and ``audit`` levels, and how
+    many requests of ``max_model_len`` a tight cache must hold at once (``hold``, vLLM's least raised to)."""
     return {"op": "start", "engine_args": dict(arguments), "poison": levels.get("poison") == "on",
-            "audit": levels.get("audit") == "on"}
+            "audit": levels.get("audit") == "on", "hold": hold}
 
 
 def audit_problems(answer: Mapping, side: str = "") -> list[str]:

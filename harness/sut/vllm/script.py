@@ -15,7 +15,7 @@ from harness.sut.script.install import MAKEFILE, VENV, variables
 from harness.sut.script.text import Command, assemble, definitions, docstring, literal, toggle_comment, workload_and_check
 from harness.sut.script.writer import NoScript, ScriptInputs, ScriptWriter
 from harness.sut.vllm import ENGINE, LEVELS, child, standalone
-from harness.sut.vllm.arguments import engine_arguments, tight_blocks
+from harness.sut.vllm.arguments import engine_arguments, prefill_blocks, tight_blocks
 from harness.sut.vllm.child import DEFAULT_ARGS, FORCED_ARGS
 from harness.sut.vllm.connectors import PD_ROLES, pd_config
 from harness.sut.vllm.pd import TIER_PAIR_ARGS
@@ -26,7 +26,7 @@ from harness.sut.vllm_common.interpreter import vllm_python
 TIER = Path("tier")
 #: what the standalone engine code reads the speculative counters and the KV layout with, and raises a tight cell's
 #: blocks with: the harness child's own, copied in (the connector counters: ``vllm_common.metrics``, whole).
-CHILD_DEFINITIONS = ("SPEC_COUNTERS", "hold_one_request", "kv_layout")
+CHILD_DEFINITIONS = ("SPEC_COUNTERS", "hold_requests", "kv_layout")
 
 
 def python() -> str:
@@ -72,7 +72,9 @@ def arguments(inputs: ScriptInputs, levels: Mapping[str, object]) -> dict:
     if full["pd"] != "off":
         tier = setting.pop("kv_transfer_config", None)
         setting = {**setting, **(TIER_PAIR_ARGS if tier else {})}
-        setting = {side: {**setting, "kv_transfer_config": pd_config(str(full["pd"]), role, tier)}
+        held = {"num_gpu_blocks_override": prefill_blocks(inputs.workload, full)} if blocks else {}
+        setting = {side: {**setting, **(held if side == "prefill" else {}),
+                          "kv_transfer_config": pd_config(str(full["pd"]), role, tier)}
                    for side, role in zip(("prefill", "decode"), PD_ROLES)}
     used = models(setting)
     names = {str(checkpoint_dir(name)): name for name in RECIPES}

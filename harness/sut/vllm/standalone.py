@@ -25,7 +25,7 @@ from pathlib import Path
 from ...models.weights import dense_tensors, eagle_head, hybrid_tensors, write_checkpoint
 from ..inputs import Watch
 from ..vllm_common.metrics import connector_counters
-from .child import SPEC_COUNTERS, hold_one_request, kv_layout
+from .child import SPEC_COUNTERS, hold_requests, kv_layout
 
 #: what vLLM's toy proxy sends the prefill engine (with max_tokens 1): the decode side will read this request's KV.
 PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -137,7 +137,7 @@ def engine_main() -> None:
 
         arguments = json.loads(Path(sys.argv[2]).read_text())
         if arguments.get("num_gpu_blocks_override") is not None:  # a tight cell, raised as the harness's child does
-            hold_one_request()
+            hold_requests()
         llm = LLM(**arguments)
         answers.write(json.dumps({"started": True}) + "\n")
         for line in sys.stdin:

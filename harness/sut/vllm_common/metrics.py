@@ -15,6 +15,9 @@ CONNECTOR_COUNTERS = {
     "external_prefix_cache_queries": ("vllm:external_prefix_cache_queries", None),
     "external_prefix_cache_hits": ("vllm:external_prefix_cache_hits", None),
     "nixl_failed_transfers": ("vllm:nixl_num_failed_transfers", None),
+    # the prefill side's: requests whose leased blocks it released unread, and decode-side reads it heard of after
+    "nixl_expired_leases": ("vllm:nixl_num_kv_expired_reqs", None),
+    "nixl_reads_after_expiry": ("vllm:nixl_num_notifications_after_expiry", None),
 }
 NIXL_BYTES = "vllm:nixl_bytes_transferred"
 

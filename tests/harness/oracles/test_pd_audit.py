@@ -135,10 +135,12 @@ COUNTED = {
     "prefill_hits": {"sys-0": 32, "sys-1": 32, "sys-2": 64, "sys-3": 64, "sys-4": 32, "sys-5": 32},
     "prefill": {"local_compute": 109, "local_cache_hit": 256, "external_kv_transfer": 0, "prompt_tokens": 365,
                 "prefix_cache_hits": 256, "external_prefix_cache_queries": 109, "external_prefix_cache_hits": 0,
-                "nixl_failed_transfers": 0, "nixl_bytes": 0, "nixl_transfers": 0},
+                "nixl_failed_transfers": 0, "nixl_bytes": 0, "nixl_transfers": 0,
+                "nixl_expired_leases": 0, "nixl_reads_after_expiry": 0},
     "decode": {"local_compute": 0, "local_cache_hit": 256, "external_kv_transfer": 109, "prompt_tokens": 365,
                "prefix_cache_hits": 256, "external_prefix_cache_queries": 109, "external_prefix_cache_hits": 109,
-               "nixl_failed_transfers": 0, "nixl_bytes": 393216, "nixl_transfers": 6},
+               "nixl_failed_transfers": 0, "nixl_bytes": 393216, "nixl_transfers": 6,
+               "nixl_expired_leases": 0, "nixl_reads_after_expiry": 0},
 }
 
 
@@ -168,6 +170,7 @@ def test_a_counted_ledger_as_measured_accounts_exactly(counted: list[PassView]) 
     (lambda led, outs: led["decode"].update(nixl_bytes=led["decode"]["nixl_bytes"] + 65536), {"bytes"}),
     (lambda led, outs: led["decode"].update(nixl_transfers=5), {"transfers"}),
     (lambda led, outs: led["decode"].update(nixl_failed_transfers=1), {"failed transfers"}),
+    (lambda led, outs: led["prefill"].update(nixl_expired_leases=2, nixl_reads_after_expiry=2), {"expired leases"}),
     (lambda led, outs: led["decode"].update(external_prefix_cache_hits=100), {"connector hits"}),
     (lambda led, outs: led["prefill"].update(prompt_tokens=359), {"prefilled"}),
     (lambda led, outs: setattr(outs[0], "cached_tokens", 0), {"cached_tokens"}),
@@ -203,7 +206,8 @@ def test_a_tiered_pairs_warm_pass_holds_the_decode_side_to_a_cold_pass() -> None
     traits = vllm_traits(LEVELS.full({"cache": "storage", "pd": "nixl"}))
     decode = {"local_compute": 0, "local_cache_hit": 160, "external_kv_transfer": 205, "prompt_tokens": 365,
               "prefix_cache_hits": 160, "external_prefix_cache_queries": 205, "external_prefix_cache_hits": 205,
-              "nixl_failed_transfers": 0, "nixl_bytes": 9 * 65536, "nixl_transfers": 6}
+              "nixl_failed_transfers": 0, "nixl_bytes": 9 * 65536, "nixl_transfers": 6,
+              "nixl_expired_leases": 0, "nixl_reads_after_expiry": 0}
     hits = {"cold": {r.rid: 0 if r.rid == "sys-0" else 32 for r in workload.requests},
             "warm": {"sys-0": 32, "sys-1": 32, "sys-2": 32, "sys-3": 64, "sys-4": 32, "sys-5": 32}}
     views = []
@@ -232,10 +236,12 @@ HYBRID_WARM = {
     "prefill_hits": {"sys-0": 0, "sys-1": 0, "sys-2": 0, "sys-3": 64, "sys-4": 0, "sys-5": 0},
     "prefill": {"local_compute": 295, "local_cache_hit": 64, "external_kv_transfer": 0, "prompt_tokens": 359,
                 "prefix_cache_hits": 64, "external_prefix_cache_queries": 295, "external_prefix_cache_hits": 0,
-                "nixl_failed_transfers": 0, "nixl_bytes": 0, "nixl_transfers": 0},
+                "nixl_failed_transfers": 0, "nixl_bytes": 0, "nixl_transfers": 0,
+                "nixl_expired_leases": 0, "nixl_reads_after_expiry": 0},
     "decode": {"local_compute": 6, "local_cache_hit": 128, "external_kv_transfer": 231, "prompt_tokens": 365,
                "prefix_cache_hits": 128, "external_prefix_cache_queries": 237, "external_prefix_cache_hits": 231,
-               "nixl_failed_transfers": 0, "nixl_bytes": 264960, "nixl_transfers": 5},
+               "nixl_failed_transfers": 0, "nixl_bytes": 264960, "nixl_transfers": 5,
+               "nixl_expired_leases": 0, "nixl_reads_after_expiry": 0},
 }
 
 

@@ -217,21 +217,23 @@ def test_the_decode_side_serves_one_engines_tokens_and_a_crossed_handoff_fails_t
     assert vllm_children(marker) == [], "a vLLM child outlived its cell"
 
 
-def test_a_tight_pair_sizes_both_engines_from_the_workload_and_is_replaced_for_another_size(
+def test_a_tight_pair_sizes_its_decode_side_from_the_workload_and_its_prefill_side_to_hold_a_round(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """kv_capacity = tight under PD: both engines get the workload's tight block count (the prefill side holds a
-    request's blocks until the decode side has read them); a workload of another size starts a pair of its size."""
+    """kv_capacity = tight under PD: the decode side gets the workload's tight block count, the prefill side room for
+    every request of a round at once (each one's blocks stay leased there until the decode side has read them,
+    and the round is handed over whole); a workload of another size starts a pair of its size."""
     from fixtures.workloads import load_workload
     from harness.sut.vllm import LEVELS, engine
-    from harness.sut.vllm.arguments import tight_blocks
+    from harness.sut.vllm.arguments import prefill_blocks, tight_blocks
 
     started: list[dict] = []
 
     class Pair:
         start_seconds = 1.0
 
-        def __init__(self, level: str, arguments: dict, env: dict, backoff: int, levels: dict) -> None:
-            started.append(arguments)
+        def __init__(self, level: str, arguments: dict, env: dict, backoff: int, levels: dict, prefill: dict,
+                     hold: int) -> None:
+            started.append({"decode": arguments["num_gpu_blocks_override"], **prefill, "hold": hold})
             self.closed = False
             self.started = {"decode": {"applied": {}}}  # the decode side's start answer: nothing read back
 
@@ -247,6 +249,60 @@ def test_a_tight_pair_sizes_both_engines_from_the_workload_and_is_replaced_for_a
     first, _, _ = cell.pd_pair(small)
     assert cell.pd_pair(small)[1] == 0.0 and len(started) == 1  # the same size: emptied, not restarted
     cell.pd_pair(large)
-    assert first.closed and [a["num_gpu_blocks_override"] for a in started] == [
-        tight_blocks(small, cell.levels), tight_blocks(large, cell.levels)]
+    assert first.closed and started == [
+        {"decode": tight_blocks(w, cell.levels), "num_gpu_blocks_override": prefill_blocks(w, cell.levels),
+         "hold": len(w.requests)} for w in (small, large)]
+    # system_prompt's round of 6: the prefill side holds 6 requests of the largest one's blocks (and a spare each)
+    assert prefill_blocks(large, cell.levels) == 6 * (tight_blocks(large, cell.levels) - 1) + 1
     assert tight_blocks(small, cell.levels) < tight_blocks(large, cell.levels)
+
+TIGHT_PAIR = """
+[matrix]
+name = "tight_pair"
+engine = "vllm"
+mode = "full"
+workloads = ["system_prompt"]
+timeout_s = 900
+
+[factors]
+pd = ["nixl"]
+cache = ["device"]
+page_size = [64]
+kv_capacity = ["tight"]
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("sizing", ["as the decode side", "a round"])
+def test_a_tight_prefill_side_that_holds_part_of_a_round_lets_leases_expire_and_pd_audit_names_them(
+        tmp_path: Path, goldens: GoldenRuns, monkeypatch: pytest.MonkeyPatch, sizing: str) -> None:
+    """system_prompt hands its round of 6 to the decode side once the prefill side has answered all 6. Sized as the
+    decode side (the harness before), the prefill side holds 2 or 3 of them, leased: the rest wait until a lease
+    runs out (10 s here, NixlConnector's kv_lease_duration; 30 s by default) and the decode side reads blocks
+    handed out again since, which ``pd_audit`` fails as ``expired leases``. Sized to hold the round, none expires and
+    the decode side's tokens are the single engine's."""
+    required_path(vllm_python(), "vllm-env")
+    from harness.sut.vllm import engine, pd
+    from harness.sut.vllm.arguments import tight_blocks
+
+    def short_lease(level: str, role: str, tier: object = None) -> dict:
+        return {**pd_config(level, role, tier), "kv_connector_extra_config": {"kv_lease_duration": 10}}
+
+    monkeypatch.setattr(pd, "pd_config", short_lease)
+    if sizing == "as the decode side":
+        monkeypatch.setattr(engine, "prefill_blocks", tight_blocks)
+        monkeypatch.setattr(engine, "round_size", lambda workload: 1)
+    path = tmp_path / "tight_pair.toml"
+    path.write_text(TIGHT_PAIR)
+    matrix = load_matrix(str(path))
+    (cell,) = generate(matrix)
+    result = run_cell(matrix, cell, faults=frozenset(), goldens=goldens)
+    assert result.error is None, result.error
+    audit = result.oracles["pd_audit"]
+    expired = [f for f in audit.detail if f["check"] == "expired leases"]
+    if sizing == "as the decode side":
+        assert audit.status == "fail" and expired, audit
+        assert expired[0]["got"]["released unread"] > 0, expired
+    else:
+        assert audit.status == "pass" and not expired, audit
+        assert result.oracles["tokens"].status == "pass", result.oracles["tokens"]

@@ -1,2 +1,2 @@
-"""The stand-in's KV cache utilities: a script's ``hold_one_request`` imports the module; the stand-in ``LLM`` never
+"""The stand-in's KV cache utilities: a script's ``hold_requests`` imports the module; the stand-in ``LLM`` never
 sizes a cache, so nothing in it is called."""

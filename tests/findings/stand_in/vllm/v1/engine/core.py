@@ -1,4 +1,4 @@
-"""The stand-in's engine core: ``get_kv_cache_configs``, which a script's ``hold_one_request`` wraps before ``LLM`` is
+"""The stand-in's engine core: ``get_kv_cache_configs``, which a script's ``hold_requests`` wraps before ``LLM`` is
 built; the stand-in ``LLM`` never calls it."""
 from __future__ import annotations
 
