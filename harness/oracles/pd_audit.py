@@ -20,7 +20,8 @@ FAILS_WHEN = (
     "PD cells only: the ledger both sides keep of every handoff disagrees with the prompts or the client's view "
     "(checks: pages sent, abort left memory, staging regions, metadata slots, prefill verify scratch, "
     "cached_tokens; counted per pass: prefilled, decode split, connector hits, decode hit, bytes, transfers, "
-    "failed transfers, prefill hit, emptied)"
+    "failed transfers, expired leases (the prefill side freed a request's blocks unread after its lease, or heard of "
+    "a read after that: vLLM's `kv_lease_duration`), prefill hit, emptied)"
 )
 
 

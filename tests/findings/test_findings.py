@@ -24,8 +24,8 @@ FINDINGS = sorted(path.parent for path in ROOT.glob("findings/*/finding.json"))
 VLLM_FINDINGS = [folder for folder in FINDINGS if folder.name.startswith("vllm-") and SCRIPT in render(folder)]
 LLAMACPP_FINDINGS = [folder for folder in FINDINGS if folder.name.startswith("llamacpp-") and SCRIPT in render(folder)]
 #: a finding's script runs in well under this alone (each REPORT.md says how long it took here); a hang guard that
-#: leaves room for a PD pair's two engines beside the vLLM group's engine on 2 cores (vllm-pd-tight-fp8-first-token:
-#: 123 s alone, past 300 s in make test on an AVX-512 EPYC, 2026-12-07)
+#: leaves room for a PD pair's two engines beside the vLLM group's engine on 2 cores (vllm-pd-expired-lease-read,
+#: which waits out two 30 s leases: 123 s alone, past 300 s in make test on an AVX-512 EPYC, 2026-12-07)
 TIMEOUT_S = 600
 STAND_IN = Path(__file__).with_name("stand_in")
 #: the words of the one line a script prints where the host's CPU lacks a flag its finding needs
