@@ -268,6 +268,9 @@ def describe(label: str, run: dict) -> str:
             pd = result["pd"]
             lines.append(f"  {name:4} NIXL moved {pd['bytes']} B into the decode side (its own hit {pd['hit']} tokens; "
                          f"{pd['block_bytes']} B a {pd['block_size']}-token block, {pd['state_bytes']} B a state)")
+            if pd.get("nixl_expired_leases") or pd.get("nixl_reads_after_expiry"):
+                lines.append(f"  {name:4} the prefill side freed {pd['nixl_expired_leases']} request(s)' blocks unread "
+                             f"when their lease ran out, and heard of {pd['nixl_reads_after_expiry']} read(s) after")
         for out in result["outputs"]:
             tokens = out["tokens"] if len(out["tokens"]) <= 12 else out["tokens"][:12] + ["…"]
             lines.append(f"  {name:4} {out['rid']}: {out['finish_reason']}, cached {out.get('cached_tokens', '?')}, "

@@ -204,7 +204,12 @@ class Engine:
         self.log.flush()
         start = self.log.seek(0, os.SEEK_END)
         self.proc.send_signal(signal.SIGUSR1)
-        time.sleep(STACKS_S)
+        deadline, size = time.monotonic() + STACKS_S, start
+        while time.monotonic() < deadline:  # until the dump has stopped growing
+            time.sleep(0.25)
+            grown, size = size, os.fstat(self.log.fileno()).st_size
+            if size > start and size == grown:
+                break
         self.log.seek(start)
         print(f"{self.label}: its threads' stacks, given no answer:\n{self.log.read()}", file=sys.stderr, flush=True)
         self.proc.kill()
@@ -230,11 +235,17 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+#: what the prefill side of a pair counts of its leases: requests whose blocks it freed unread when their lease ran
+#: out (NixlConnector's ``kv_lease_duration``), and reads it heard of after that (``vllm_common.metrics``).
+LEASE_COUNTERS = ("nixl_expired_leases", "nixl_reads_after_expiry")
+
+
 def serve(label: str, setting: dict, rounds: list[list[tuple]], directory: Path) -> dict:
     """A cold pass then a warm pass of ``rounds`` (one ``generate`` a round) on the setting's engine, or its PD pair;
     with a KV connector below the prefix cache (a tier) the device cache is emptied before the warm pass, which must
     then load. Each pass keeps the counters of the engine that decodes; a pair's, its ledger too (``pd``): the bytes
-    NIXL moved into the decode side, its own prefix hit (tokens), the prompts' lengths and its KV layout."""
+    NIXL moved into the decode side, its own prefix hit (tokens), the prompts' lengths, its KV layout and the
+    prefill side's expired leases (``LEASE_COUNTERS``)."""
     pair = "decode" in setting
     sides = {"prefill": setting["prefill"], "decode": setting["decode"]} if pair else {"engine": setting}
     run, engines = {"raised": None, "passes": {}}, {}
@@ -249,7 +260,7 @@ def serve(label: str, setting: dict, rounds: list[list[tuple]], directory: Path)
             if name == "warm" and not pair and "kv_transfer_config" in setting:
                 engines["engine"].ask({"reset": True})
             outputs, spec, moved = [], dict.fromkeys(SPEC_COUNTERS, 0), {"nixl_bytes": 0, "local_cache_hit": 0}
-            changed = []
+            expired, changed = dict.fromkeys(LEASE_COUNTERS, 0), []
             for group in rounds:
                 handoffs = None
                 if pair:
@@ -257,6 +268,7 @@ def serve(label: str, setting: dict, rounds: list[list[tuple]], directory: Path)
                                                         "handoffs": [PREFILL_PARAMS] * len(group)})
                     handoffs = [out["kv_transfer_params"] for out in prefilled["outputs"]]
                     changed += [{**change, "side": "prefill"} for change in prefilled["inputs"]]
+                    expired = {key: expired[key] + prefilled["moved"][key] for key in expired}
                 decoded = engines["decode" if pair else "engine"].ask({"group": group, "handoffs": handoffs})
                 changed += decoded["inputs"]
                 outputs += decoded["outputs"]
@@ -265,7 +277,8 @@ def serve(label: str, setting: dict, rounds: list[list[tuple]], directory: Path)
             run["passes"][name] = {"outputs": outputs, "audit": [], "nan_events": 0, "spec": spec, "inputs": changed}
             if pair:
                 run["passes"][name]["pd"] = {**layout, "bytes": moved["nixl_bytes"], "hit": moved["local_cache_hit"],
-                                             "prompts": [len(prompt) for group in rounds for _, prompt, _, _ in group]}
+                                             "prompts": [len(prompt) for group in rounds for _, prompt, _, _ in group],
+                                             **expired}
     except EngineEnded as exc:
         if isinstance(exc, NoAnswer):
             for engine in engines.values():

@@ -194,3 +194,15 @@ def test_a_script_on_a_host_without_its_flag_exits_2_before_running_anything(tmp
         assert done.returncode == status, (needs, done.stdout, done.stderr)
         assert ("RAN" in done.stdout) == (status == 1)
         assert (f"lacks {lacking}" in done.stderr) == (status == checks.CANNOT_JUDGE), done.stderr
+
+
+def test_a_pair_whose_prefill_side_let_leases_expire_says_so_and_one_without_says_nothing() -> None:
+    """The prefill side's expired leases (``vllm:nixl_num_kv_expired_reqs``) are the cause a maintainer reads first:
+    the pass says how many, and a pass without any says nothing of leases."""
+    expired = pd_run(3014)
+    expired["passes"]["cold"] = {**expired["passes"]["cold"], "pd": {
+        **expired["passes"]["cold"]["pd"], "nixl_expired_leases": 2, "nixl_reads_after_expiry": 1}}
+    text = checks.describe("with pd=nixl", expired)
+    assert "cold the prefill side freed 2 request(s)' blocks unread when their lease ran out, and heard of 1 read(s)" \
+        in text
+    assert "lease" not in checks.describe("with pd=nixl", pd_run(3014))
