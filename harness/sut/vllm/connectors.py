@@ -41,6 +41,12 @@ PREFILL_PARAMS: Mapping[str, object] = {
 #: the tokens the prefill side's ``max_tokens`` asks: one, which the decode side never shows (its own first token is
 #: computed again on the decode side, and on the hybrid model is not the decode side's).
 PREFILL_TOKENS = 1
+#: seconds a NIXL prefill side keeps a finished request's blocks for the decode side (``kv_lease_duration``; vLLM's
+#: default 30 s). The harness hands a round over once the prefill side has answered all of it: a round that takes
+#: longer to prefill than the lease (a 16-token step budget, a drafter, a loaded host) let the first requests' leases
+#: run out, and the decode side read blocks freed since (``findings/vllm-pd-expired-lease-read``). A proxy that forwards
+#: each request at once, as vLLM's toy proxy does, reaches the decode side well inside vLLM's default.
+LEASE_S = 900
 #: the environment each engine of a NIXL pair gets: UCX over loopback only (the box has no other device it may use).
 NIXL_ENV: Mapping[str, str] = {"UCX_NET_DEVICES": "lo"}
 #: the variable that gives each engine of a pair its own NIXL side-channel port (the handshake's listener).
@@ -73,6 +79,7 @@ def pd_config(level: str, role: str, tier: Mapping | None = None) -> dict:
     config: dict = {"kv_connector": PD_CONNECTORS[level], "kv_role": role}
     if level == "nixl":
         config["kv_buffer_device"] = "cpu"  # UCX over DRAM: what a CPU-only box has
+        config["kv_connector_extra_config"] = {"kv_lease_duration": LEASE_S}
     if tier is None or role != "kv_producer":
         return config
     return {"kv_connector": "MultiConnector", "kv_role": role,

@@ -24,7 +24,7 @@ from harness.run.cell import run_cell
 from harness.run.golden import GoldenRuns
 from harness.sut.process import STOP_GRACE_S, is_live
 from harness.sut.vllm import protocol, vllm_python
-from harness.sut.vllm.connectors import NIXL_ENV, PREFILL_PARAMS, SIDE_CHANNEL_PORT_ENV, pd_config, tier_config
+from harness.sut.vllm.connectors import LEASE_S, NIXL_ENV, PREFILL_PARAMS, SIDE_CHANNEL_PORT_ENV, pd_config, tier_config
 from harness.sut.vllm.pd import PdPair
 from harness.sut.vllm.protocol import CHILD
 from tests.binaries import required_path
@@ -103,7 +103,9 @@ def live(pids: Path) -> list[int]:
 
 def test_each_engine_of_a_pair_has_its_role_and_its_own_side_channel() -> None:
     assert pd_config("nixl", "kv_producer") == {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
-                                                "kv_buffer_device": "cpu"}
+                                                "kv_buffer_device": "cpu",
+                                                "kv_connector_extra_config": {"kv_lease_duration": LEASE_S}}
+    assert LEASE_S > 30  # vLLM's default: shorter than a round's prefill in some cells on 2 cores
     assert pd_config("nixl", "kv_consumer")["kv_role"] == "kv_consumer"
     with pytest.raises(ValueError, match="kv_producer or a kv_consumer"):
         pd_config("nixl", "kv_both")
