@@ -77,6 +77,11 @@ def prefill_blocks(workload: Workload, levels: Mapping[str, object]) -> int:
     return round_size(workload) * (tight_blocks(workload, levels) - 1) + 1
 
 
+def prefill_arguments(workload: Workload, levels: Mapping[str, object]) -> dict:
+    """What a PD pair's prefill side gets over the cell's arguments: a tight cell's ``prefill_blocks``, else nothing."""
+    return {"num_gpu_blocks_override": prefill_blocks(workload, levels)} if levels["kv_capacity"] == "tight" else {}
+
+
 def engine_arguments(levels: Mapping[str, object], engine_args: Mapping[str, object],
                      tier_dir: Path | None = None, blocks: int | None = None) -> dict:
     """``vllm.LLM`` keyword arguments for a cell's full levels, ``[engine_args]`` last; ``tier_dir`` is the directory

@@ -21,7 +21,7 @@ from fixtures.workloads import Workload
 from harness.sut.base import CacheTraits, PassResult, SpecTraits, Totals, Traits
 from harness.sut.inputs import InputsCheck
 from harness.sut.vllm import LEVELS
-from harness.sut.vllm.arguments import engine_arguments, prefill_blocks, round_size, tight_blocks
+from harness.sut.vllm.arguments import engine_arguments, prefill_arguments, round_size, tight_blocks
 from harness.sut.vllm.pd import PdPair, PdSystem
 from harness.sut.vllm.protocol import (
     INSIDE_COUNTERS, SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, add_counters, add_inputs, audit_problems, field,
@@ -110,7 +110,9 @@ class VllmEngine:
         (``tight_blocks``) and the prefill side's to hold a round of it (``prefill_blocks``: each request's blocks
         stay there, leased, until the decode side has read them); a pair of another size is replaced."""
         tight = self.levels["kv_capacity"] == "tight"
-        blocks = (tight_blocks(workload, self.levels), prefill_blocks(workload, self.levels)) if tight else None
+        decode = tight_blocks(workload, self.levels) if tight else None
+        prefill = prefill_arguments(workload, self.levels)
+        blocks = (decode, prefill.get("num_gpu_blocks_override")) if tight else None
         if self.pair is not None and self.pair_blocks == blocks:
             emptied = self.pair.reset()
             self.empty_tier()
@@ -119,10 +121,9 @@ class VllmEngine:
             self.pair.close()
             self.pair = None
             self.empty_tier()
-        arguments = engine_arguments(self.levels, self.engine_args, self.tier, blocks and blocks[0])
-        prefill = {"num_gpu_blocks_override": blocks[1]} if blocks else {}
+        arguments = engine_arguments(self.levels, self.engine_args, self.tier, decode)
         self.pair = PdPair(str(self.levels["pd"]), arguments, self.env, nixl_backoff(self.traits.hybrid), self.levels,
-                           prefill=prefill, hold=round_size(workload) if blocks else 1)
+                           prefill=prefill, hold=round_size(workload) if tight else 1)
         self.pair_blocks = blocks
         # the decode side's cache is the one the warm pass hits (both sides apply the same arguments alike)
         self.read_back(arguments, self.pair.started["decode"])

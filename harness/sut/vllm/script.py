@@ -15,7 +15,7 @@ from harness.sut.script.install import MAKEFILE, VENV, variables
 from harness.sut.script.text import Command, assemble, definitions, docstring, literal, toggle_comment, workload_and_check
 from harness.sut.script.writer import NoScript, ScriptInputs, ScriptWriter
 from harness.sut.vllm import ENGINE, LEVELS, child, standalone
-from harness.sut.vllm.arguments import engine_arguments, prefill_blocks, tight_blocks
+from harness.sut.vllm.arguments import engine_arguments, prefill_arguments, tight_blocks
 from harness.sut.vllm.child import DEFAULT_ARGS, FORCED_ARGS
 from harness.sut.vllm.connectors import PD_ROLES, pd_config
 from harness.sut.vllm.pd import TIER_PAIR_ARGS
@@ -72,7 +72,7 @@ def arguments(inputs: ScriptInputs, levels: Mapping[str, object]) -> dict:
     if full["pd"] != "off":
         tier = setting.pop("kv_transfer_config", None)
         setting = {**setting, **(TIER_PAIR_ARGS if tier else {})}
-        held = {"num_gpu_blocks_override": prefill_blocks(inputs.workload, full)} if blocks else {}
+        held = prefill_arguments(inputs.workload, full)
         setting = {side: {**setting, **(held if side == "prefill" else {}),
                           "kv_transfer_config": pd_config(str(full["pd"]), role, tier)}
                    for side, role in zip(("prefill", "decode"), PD_ROLES)}
