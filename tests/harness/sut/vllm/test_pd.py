@@ -284,15 +284,14 @@ def test_a_tight_prefill_side_that_holds_part_of_a_round_lets_leases_expire_and_
     handed out again since, which ``pd_audit`` fails as ``expired leases``. Sized to hold the round, none expires and
     the decode side's tokens are the single engine's."""
     required_path(vllm_python(), "vllm-env")
-    from harness.sut.vllm import engine, pd
-    from harness.sut.vllm.arguments import tight_blocks
+    from harness.sut.vllm import arguments, engine, pd
 
     def short_lease(level: str, role: str, tier: object = None) -> dict:
         return {**pd_config(level, role, tier), "kv_connector_extra_config": {"kv_lease_duration": 10}}
 
     monkeypatch.setattr(pd, "pd_config", short_lease)
     if sizing == "as the decode side":
-        monkeypatch.setattr(engine, "prefill_blocks", tight_blocks)
+        monkeypatch.setattr(arguments, "prefill_blocks", arguments.tight_blocks)
         monkeypatch.setattr(engine, "round_size", lambda workload: 1)
     path = tmp_path / "tight_pair.toml"
     path.write_text(TIGHT_PAIR)
