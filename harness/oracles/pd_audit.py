@@ -129,7 +129,7 @@ def _counted_findings(view: PassView, cold: PassView) -> list[dict]:
         ("transfers", least if least == most else f"{least}..{most}", transfers, least <= transfers <= most,
          f"one transfer per request{skipped}"),
         ("failed transfers", 0, decode["nixl_failed_transfers"] + prefill["nixl_failed_transfers"], None,
-         "none may fail"),
+         "none may fail" + _logged(led.get("nixl_failures", {}))),
         ("expired leases", {"released unread": 0, "read after": 0},
          {"released unread": prefill["nixl_expired_leases"], "read after": prefill["nixl_reads_after_expiry"]}, None,
          "the prefill side keeps a request's blocks until the decode side has read them; past its lease "
@@ -151,6 +151,12 @@ def _counted_findings(view: PassView, cold: PassView) -> list[dict]:
                              "the prefill side's hit", "expected": led["prefill_hits"].get(out.rid),
                              "got": out.cached_tokens})
     return findings
+
+
+def _logged(failures: Mapping[str, Sequence[str]]) -> str:
+    """What each side logged of its failed NIXL transfers (``failure_lines``), first line each, for a finding's why."""
+    said = [f"{side} side logged {len(lines)}, first: {lines[0]}" for side, lines in failures.items() if lines]
+    return "; " + "; ".join(said) if said else ""
 
 
 def _decode_side(view: PassView) -> Mapping[str, CachedExpectation]:

@@ -116,6 +116,20 @@ def raised_first(text: str) -> str | None:
     return ending[0] if ending else found[-1][1] if found else None
 
 
+class LogCursor:
+    """What a process wrote to its log file (``fd``, open on it) since the last ``new``, read by offset: the file is
+    the process's, written through its own descriptor, so the reader keeps only a position."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.offset = fd, 0
+
+    def new(self) -> str:
+        end = os.fstat(self.fd).st_size
+        data = os.pread(self.fd, max(end - self.offset, 0), self.offset)
+        self.offset += len(data)
+        return data.decode(errors="replace")
+
+
 class ProcessGroup:
     """``argv`` started in a process group (and session) of its own, watched by a watchdog; ``stop`` ends the
     whole group. Raises ``OSError`` when ``argv`` cannot be started."""

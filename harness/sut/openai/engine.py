@@ -34,6 +34,7 @@ from harness.sut.openai.server import ServerProcess
 from harness.sut.openai.wire import API, Reply, ServerError, field_at, metric_sums, pass_counters, request_output
 from harness.sut.process import LOGS_ENV
 from harness.sut.vllm_common.cache import nixl_backoff
+from harness.sut.vllm_common.nixl import failure_lines
 from reference_impl.request import RequestOutput, RequestSpec
 
 #: the top logprobs asked per step: the top-2 margin tells a tie from a divergence.
@@ -299,12 +300,15 @@ class ServerSystem:
 
     def _ledger(self, before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]]) -> dict:
         """The pass's counted ledger (``harness.oracles.pd_audit``): what each side's connectors moved over the pass,
-        the prefill server's hit per request, the decode side's block size as it applied it; bytes per block are not
-        read back from a server (not judged). The decode server's cache was emptied before the workload's first pass
+        the prefill server's hit per request, what each side logged of a failed NIXL transfer since the last pass,
+        the decode side's block size as it applied it; bytes per block are not read back from a server (not judged). The decode server's cache was emptied before the workload's first pass
         only: a later pass finds there what the first one read."""
         sides = {side: {key: after[side][key] - before[side][key] for key in after[side]} for side in after}
+        failures = {side: failure_lines(process.cursor.new())
+                    for side, process in (("prefill", self.prefill), ("decode", self.process))}
         return {"kind": "counted", "connector": str(self.engine.levels["pd"]), "emptied": self.emptied,
-                "decode_cold": self.passes == 1, "prefill_hits": dict(self.prefill_hits), **sides,
+                "decode_cold": self.passes == 1, "prefill_hits": dict(self.prefill_hits), "nixl_failures": failures,
+                **sides,
                 "block_size": self.traits.cache.page_size, "block_bytes": None, "state_bytes": 0,
                 "backoff": nixl_backoff(self.traits.hybrid)}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.sut.openai.launch import HOST
 from harness.sut.openai.wire import ServerError
-from harness.sut.process import ProcessGroup, raised_first
+from harness.sut.process import LogCursor, ProcessGroup, raised_first
 
 #: characters of a server's output an error carries.
 LOG_TAIL = 3000
@@ -37,6 +37,7 @@ class ServerProcess:
         self.log_path = log_path
         self.log = log_path.open("w+")
         self.served_from = 0  # the size of its output (bytes) when it became healthy
+        self.cursor = LogCursor(self.log.fileno())  # what it printed since the harness last read it
         try:
             self.group = ProcessGroup(argv, env, stdout=self.log)
         except OSError as exc:

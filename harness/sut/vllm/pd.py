@@ -28,6 +28,7 @@ from harness.sut.vllm.protocol import (
     INSIDE_COUNTERS, SCHEDULER_COUNTERS, SPEC_COUNTERS, ChildProcess, EngineChildError, add_counters, add_inputs,
     audit_problems, field, request_output, serve_message, start_message,
 )
+from harness.sut.vllm_common.nixl import failure_lines
 from reference_impl.request import RequestOutput, RequestSpec
 
 
@@ -162,13 +163,15 @@ class PdSystem:
         for name in (*SCHEDULER_COUNTERS, *INSIDE_COUNTERS):
             if name in sides["prefill"] or name in sides["decode"]:
                 counters[name] = sides["prefill"].pop(name, 0) + sides["decode"].pop(name, 0)
-        return PassResult(outputs=outputs, counters=counters, audit=problems, pd=self._ledger(sides, hits, decode_cold),
-                          inputs=list(untouched.values()))
+        failures = {side: failure_lines(child.log.new()) for side, child in self.pair.sides.items()}
+        return PassResult(outputs=outputs, counters=counters, audit=problems,
+                          pd=self._ledger(sides, hits, decode_cold, failures), inputs=list(untouched.values()))
 
-    def _ledger(self, sides: Mapping[str, Mapping[str, int]], hits: Mapping[str, int], decode_cold: bool) -> dict:
-        """The pass's ledger: each side's connector counters, the prefill side's hit per request, and what they are
-        judged by (the decode side's KV layout, how many prompt tokens it computes itself, whether its prefix cache
-        was empty at the pass's start)."""
+    def _ledger(self, sides: Mapping[str, Mapping[str, int]], hits: Mapping[str, int], decode_cold: bool,
+                failures: Mapping[str, list[str]]) -> dict:
+        """The pass's ledger: each side's connector counters, the prefill side's hit per request, what each side
+        logged of a failed NIXL transfer since the last pass, and what they are judged by (the decode side's KV
+        layout, how many prompt tokens it computes itself, whether its prefix cache was empty at the pass's start)."""
         decode = sides["decode"]
         self.moved["transfers"] += decode["nixl_transfers"]
         self.moved["bytes"] += decode["nixl_bytes"]
@@ -176,7 +179,7 @@ class PdSystem:
         self.moved["failed"] += decode["nixl_failed_transfers"] + sides["prefill"]["nixl_failed_transfers"]
         layout = self.pair.layout
         return {"kind": "counted", "connector": self.pair.level, "emptied": self.emptied, "decode_cold": decode_cold,
-                "prefill_hits": dict(hits),
+                "prefill_hits": dict(hits), "nixl_failures": {side: list(lines) for side, lines in failures.items()},
                 "prefill": dict(sides["prefill"]), "decode": dict(decode), "block_size": layout["block_size"],
                 "block_bytes": layout["block_bytes"], "state_bytes": layout["state_bytes"], "backoff": self.pair.backoff}
 

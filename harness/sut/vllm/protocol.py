@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from harness.sut.inputs import InputsCheck
-from harness.sut.process import ProcessGroup, raised_first
+from harness.sut.process import LogCursor, ProcessGroup, raised_first
 from harness.sut.vllm_common.interpreter import PYTHON_ENV, vllm_python
 from reference_impl.request import RequestOutput, RequestSpec
 
@@ -47,6 +47,7 @@ class ChildProcess:
         self.group = ProcessGroup([str(python), "-I", str(CHILD)], env, stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=self.stderr, text=True, grace_s=CLOSE_GRACE_S)
         self.proc = self.group.proc
+        self.log = LogCursor(self.stderr.fileno())  # what it logged since the harness last read it
 
     def ask(self, message: dict) -> dict:
         """Send one request line and read its answer; a refusal from vLLM raises with its traceback."""

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+#: what vLLM's NIXL connector logs of each failure it counts (``NixlConnectorWorker._log_failure``, at ERROR: its
+#: type, a transfer state or the exception, and the request's context).
+FAILURE = "NIXL transfer failure: "
+
 
 def nixl_bytes(prompts: Sequence[int], backoff: int, hit: int, block_size: int, block_bytes: int,
                state_bytes: int, states: int | None = None) -> tuple[int, str]:
@@ -16,3 +20,21 @@ def nixl_bytes(prompts: Sequence[int], backoff: int, hit: int, block_size: int, 
     why = (f"{blocks} block(s) past the decode side's hit × {block_bytes} B + {states} request state(s) × "
            f"{state_bytes} B")
     return blocks * block_bytes + states * state_bytes, why
+
+
+def failure_lines(log: str) -> list[str]:
+    """vLLM's own account of each NIXL failure in an engine's ``log`` (``FAILURE``): the line from its marker on, and,
+    where a traceback follows it, the exception that ends the traceback (vLLM's formatter repeats a record's header
+    on each of its lines: it is taken off)."""
+    lines, found = log.splitlines(), []
+    for i, line in enumerate(lines):
+        at = line.find(FAILURE)
+        if at < 0:
+            continue
+        header, said = line[:at], line[at:]
+        after = [rest[len(header):] if rest.startswith(header) else rest for rest in lines[i + 1:]]
+        if after and after[0].startswith("Traceback"):
+            ending = next((rest for rest in after[1:] if rest and not rest[0].isspace()), "")
+            said += f" <- {ending}" if ending else ""
+        found.append(said)
+    return found

@@ -183,6 +183,17 @@ def test_each_counted_check_fails_when_its_count_is_off(counted: list[PassView],
     assert checks(counted) == failed
 
 
+def test_a_failed_transfer_is_named_with_what_each_side_logged_of_it(counted: list[PassView]) -> None:
+    """The count fails the check; vLLM's own line for it (``nixl.failure_lines``) says why, side by side."""
+    led = counted[0].got.pd
+    led["decode"].update(nixl_failed_transfers=1)
+    led["nixl_failures"] = {"prefill": [], "decode": ["NIXL transfer failure: transfer_failed | Context: {'a': 1}"]}
+    verdict = ORACLES["pd_audit"](counted)
+    [finding] = verdict.detail
+    assert finding["check"] == "failed transfers" and finding["why"] == (
+        "none may fail; decode side logged 1, first: NIXL transfer failure: transfer_failed | Context: {'a': 1}")
+
+
 def test_the_prefill_sides_hit_and_an_emptied_cache_are_each_checked(counted: list[PassView]) -> None:
     led = counted[0].got.pd
     led["prefill"].update(local_cache_hit=224)

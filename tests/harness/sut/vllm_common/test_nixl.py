@@ -23,3 +23,23 @@ def test_the_rule_a_script_copies_in_imports_nothing() -> None:
     """Its body names built-ins alone: a script carries the function without the module's imports."""
     tree = ast.parse(inspect.getsource(nixl.nixl_bytes))
     assert not [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+
+
+def test_each_failure_vllm_logs_is_read_with_the_exception_its_traceback_ends_in() -> None:
+    """vLLM's formatter repeats a record's header on each line of its traceback; the header is taken off, the
+    exception kept, a failure without a traceback read alone, and no other line taken."""
+    header = "(EngineCore pid=7) ERROR 12-07 10:00:00 [base_worker.py:1260] "
+    log = "\r\n".join([
+        "INFO 12-07 09:59:59 [core.py:1] a line about something else",
+        header + "NIXL transfer failure: transfer_exception | Context: {'request_id': 'sys-0'}",
+        header + "Traceback (most recent call last):",
+        header + '  File "base_worker.py", line 3083, in _pop_done_transfers',
+        header + "nixl._bindings.nixlBackendError: NIXL_ERR_BACKEND",
+        header + "NIXL transfer failure: transfer_failed | Context: {'xfer_state': 'ERR'}",
+    ])
+    assert nixl.failure_lines(log) == [
+        "NIXL transfer failure: transfer_exception | Context: {'request_id': 'sys-0'} "
+        "<- nixl._bindings.nixlBackendError: NIXL_ERR_BACKEND",
+        "NIXL transfer failure: transfer_failed | Context: {'xfer_state': 'ERR'}",
+    ]
+    assert nixl.failure_lines("INFO nothing failed\n") == []
