@@ -33,7 +33,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
         raise TriageInputError(str(exc)) from None
     try:
         repro = reproduce(run, data.rows, data.probes, data.runs[-1], report_dir=Path(args.dir), cell_id=args.cell,
-                          oracle=args.oracle, budget=args.budget, say=lambda line: print(line, flush=True))
+                          oracle=args.oracle, check=args.check, budget=args.budget, say=lambda line: print(line, flush=True))
     except ReproError as exc:
         print(f"repro: {exc}", file=sys.stderr)
         return 1
@@ -56,6 +56,9 @@ def add_repro_command(sub: argparse._SubParsersAction) -> None:
     repro.add_argument("--cell", metavar="ID", help="the cell (default: the run's first failing, error or xfail cell)")
     repro.add_argument("--oracle", metavar="NAME", help="the failing oracle to keep (default: the planted fault's, "
                        "else the cell's first failing one)")
+    repro.add_argument("--check", metavar="CHECK", help="the oracle's check to keep, as its findings name it (default: "
+                       "its first finding's): inputs names each field, so a cell whose engine changes two is "
+                       "reproduced for the one asked")
     repro.add_argument("--budget", type=int, default=DEFAULT_BUDGET, metavar="RUNS",
                        help=f"engine runs the re-run, toggle and shrink may spend (default {DEFAULT_BUDGET})")
     repro.add_argument("--out", metavar="DIR", help=f"the finding folder (default: REPORT_DIR/{FINDINGS}/<engine>-"

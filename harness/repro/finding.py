@@ -78,10 +78,11 @@ def _declared(row: Mapping) -> tuple[list[str], str | None]:
     return list(expected.get("fails", [])), (checks[0] if len(set(checks)) == 1 else None)
 
 
-def pick_check(row: Mapping, oracle: str | None = None) -> Check:
+def pick_check(row: Mapping, oracle: str | None = None, check: str | None = None) -> Check:
     """The check a reproducer of ``row`` keeps failing: ``oracle`` where given; an error row's exception type; the
     oracle of the fault the run planted where it failed; else the row's first failing oracle (an xfail row's first
-    declared failure). Its ``check`` is that of the oracle's first finding that names one."""
+    declared failure). Its ``check`` is ``check`` where given (one of the oracle's findings must name it), else that
+    of the oracle's first finding that names one."""
     oracles = row["oracles"]
     failing = [name for name, v in oracles.items() if v["verdict"] == "fail" or v.get("excused")]
     declared, declared_check = _declared(row) if row["status"] == "xfail" else ([], None)
@@ -96,6 +97,11 @@ def pick_check(row: Mapping, oracle: str | None = None) -> Check:
         raise ReproError(f"cell {row['cell_id']}: no failing oracle {oracle or ''} to reproduce (failing: "
                          f"{', '.join(failing) or 'none'})")
     checks = [f["check"] for f in oracles[oracle].get("detail", []) if isinstance(f, dict) and "check" in f]
+    if check is not None:
+        if check not in checks:
+            raise ReproError(f"cell {row['cell_id']}: no finding of {oracle} names the check {check!r} (they name: "
+                             f"{', '.join(dict.fromkeys(checks)) or 'none'})")
+        return Check(oracle, check)
     return Check(oracle, checks[0] if checks else declared_check)
 
 

@@ -125,12 +125,14 @@ def _shrink(workload: Workload, row: Mapping, fails: Callable[[Workload], bool],
 
 
 def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping], header: Mapping, *,
-              report_dir: Path, cell_id: str | None = None, oracle: str | None = None, budget: int = 60,
+              report_dir: Path, cell_id: str | None = None, oracle: str | None = None, check: str | None = None,
+              budget: int = 60,
               say: Say = print) -> Reproducer:
     """Re-run, toggle and shrink the failure of ``cell_id`` (default: the run's first failing, error or xfail cell)
-    within ``budget`` runs; raises ``ReproError`` when it does not reproduce or no toggle cures it."""
+    within ``budget`` runs, ``oracle``'s ``check`` where given; raises ``ReproError`` when it does not reproduce or
+    no toggle cures it."""
     row = pick_row(rows, cell_id)
-    check = pick_check(row, oracle)
+    check = pick_check(row, oracle, check)
     # before any run: a program without a script writer is refused at once
     writer_of(sut.engine(run.matrix.engine).program_name(run.matrix.engine_args))
     if check.oracle not in JUDGES:

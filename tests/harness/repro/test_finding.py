@@ -46,6 +46,16 @@ def test_pick_check_prefers_the_planted_faults_oracle_and_reads_the_check_field(
     assert pick_check(declared) == Check("accept_length", "replay")
 
 
+def test_pick_check_keeps_the_check_asked_and_refuses_one_no_finding_names() -> None:
+    """inputs names each field a check: a cell whose engine changes two fields is reproduced for the one asked."""
+    changed = {**FAIL, "detail": [{"check": "sampling_params.output_kind"}, {"check": "prompt.prompt_token_ids[64:]"}]}
+    cell = row("/x/", "fail", {"inputs": changed})
+    assert pick_check(cell) == Check("inputs", "sampling_params.output_kind")
+    assert pick_check(cell, "inputs", "prompt.prompt_token_ids[64:]") == Check("inputs", "prompt.prompt_token_ids[64:]")
+    with pytest.raises(ReproError, match="names the check 'priority'.*output_kind, prompt"):
+        pick_check(cell, "inputs", "priority")
+
+
 def test_a_check_fails_on_its_own_findings_only() -> None:
     outcome = Outcome({"accept_length": Verdict("accept_length", "fail", "", [{"check": "band"}])})
     assert Check("accept_length").failed(outcome) and Check("accept_length", "band").failed(outcome)
