@@ -33,7 +33,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
         raise TriageInputError(str(exc)) from None
     try:
         repro = reproduce(run, data.rows, data.probes, data.runs[-1], report_dir=Path(args.dir), cell_id=args.cell,
-                          oracle=args.oracle, check=args.check, budget=args.budget, say=lambda line: print(line, flush=True))
+                          oracle=args.oracle, check=args.check, toggle_to=args.toggle,
+                          budget=args.budget, say=lambda line: print(line, flush=True))
     except ReproError as exc:
         print(f"repro: {exc}", file=sys.stderr)
         return 1
@@ -59,6 +60,9 @@ def add_repro_command(sub: argparse._SubParsersAction) -> None:
     repro.add_argument("--check", metavar="CHECK", help="the oracle's check to keep, as its findings name it (default: "
                        "its first finding's): inputs names each field, so a cell whose engine changes two is "
                        "reproduced for the one asked")
+    repro.add_argument("--toggle", metavar="FACTOR=LEVEL", help="the one setting to toggle (default: the first "
+                       "factor whose golden level cures the check): a level that keeps the mechanism the check's rule "
+                       "is read from, where the golden level turns it off")
     repro.add_argument("--budget", type=int, default=DEFAULT_BUDGET, metavar="RUNS",
                        help=f"engine runs the re-run, toggle and shrink may spend (default {DEFAULT_BUDGET})")
     repro.add_argument("--out", metavar="DIR", help=f"the finding folder (default: REPORT_DIR/{FINDINGS}/<engine>-"

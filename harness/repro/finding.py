@@ -44,14 +44,36 @@ def writer_of(program: str) -> ScriptWriter:
 
 @dataclass(frozen=True, slots=True)
 class Toggle:
-    """The one setting a reproducer flips: ``factor`` from the cell's ``level`` to its ``golden`` level."""
+    """The one setting a reproducer flips: ``factor`` from the cell's ``level`` to its ``golden`` level, or to the
+    level ``harness repro --toggle`` asked for (``asked``: one that keeps the mechanism the finding's rule is read
+    from, where the golden level turns it off and the contrast says nothing)."""
 
     factor: str
     level: object
     golden: object
+    asked: bool = False
 
     def text(self) -> str:
         return f"{self.factor} {self.level} → {self.golden}"
+
+    def to_json(self) -> dict:
+        """As a finding's data keeps it (``asked`` only where it was)."""
+        return {"factor": self.factor, "level": self.level, "golden": self.golden, **({"asked": True} if self.asked
+                                                                                     else {})}
+
+
+def asked_toggle(matrix: Matrix, levels: Mapping[str, object], asked: str) -> Toggle:
+    """The toggle ``FACTOR=LEVEL`` asks for, from the cell's ``levels``; ``ReproError`` naming what the matrix
+    allows where the factor or level is not the matrix's, or the level is the cell's own."""
+    factor, _, wanted = asked.partition("=")
+    allowed = dict(matrix.factors)
+    if factor not in allowed or factor not in levels:
+        raise ReproError(f"--toggle {asked}: no factor {factor!r} (factors: {', '.join(allowed)})")
+    level = next((lv for lv in allowed[factor] if str(lv) == wanted), None)
+    if level is None or level == levels[factor]:
+        others = ", ".join(str(lv) for lv in allowed[factor] if lv != levels[factor])
+        raise ReproError(f"--toggle {asked}: {factor} must go to another of its levels ({others})")
+    return Toggle(factor, levels[factor], level, asked=True)
 
 
 def pick_row(rows: Sequence[Mapping], cell_id: str | None) -> Mapping:
@@ -160,7 +182,9 @@ class Reproducer:
 
     def command(self) -> str:
         """The ``harness repro`` command that wrote it (``--oracle`` where the check is an oracle's: it may not be the
-        one picked unasked)."""
+        one picked unasked; ``--check`` where it names one, ``--toggle`` where the toggle was asked for)."""
         oracle = ["--oracle", self.check.oracle] if self.check.oracle != "error" else []
+        check = ["--check", self.check.check] if oracle and self.check.check is not None else []
+        toggle = ["--toggle", f"{self.toggle.factor}={self.toggle.golden}"] if self.toggle.asked else []
         return shlex.join(["python", "-m", "harness", "repro", str(self.report_dir), "--cell", self.row["cell_id"],
-                           *oracle])
+                           *oracle, *check, *toggle])

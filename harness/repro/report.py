@@ -26,7 +26,7 @@ from harness.repro.finding import Reproducer, writer_of
 from harness.results.rows import dumps, error_line
 from harness.sut.script.checks import CANNOT_JUDGE
 from harness.sut.script.install import VENV
-from harness.sut.script.text import environment, shrink_text
+from harness.sut.script.text import environment, shrink_text, toggled_to
 from harness.sut.script.writer import ScriptWriter
 from reference_impl.faults import FAULTS
 
@@ -133,7 +133,7 @@ def _what(finding: Mapping) -> str:
     oracle = check.split(" ")[0]
     fails_when = oracles.oracles()[oracle].fails_when if oracle in oracles.oracles() else "the cell raises"
     return (f"With `{toggle['factor']}={toggle['level']}` the `{check}` check fails; with `{toggle['factor']}="
-            f"{toggle['golden']}` (its golden level), all else equal, it passes. The check fails when {fails_when}.")
+            f"{toggle['golden']}` ({toggled_to(toggle)}), all else equal, it passes. The check fails when {fails_when}.")
 
 
 def report_text(name: str, finding: Mapping, notes: Notes) -> str:
@@ -266,7 +266,7 @@ def finding_data(repro: Reproducer, writer: ScriptWriter, ran: Ran | None) -> di
     return {"engine": writer.engine, "engine_version": environment_lines[0], "summary": None,
             "cell_id": repro.row["cell_id"], "status": repro.row["status"], "run_id": repro.header.get("run_id"),
             "matrix": repro.header.get("matrix"), "command": repro.command(), "check": repro.check.text(),
-            "toggle": {"factor": repro.toggle.factor, "level": repro.toggle.level, "golden": repro.toggle.golden},
+            "toggle": repro.toggle.to_json(),
             "faults": sorted(repro.plan.faults), "workload": repro.shrunk.workload.name,
             "shrink": repro.shrunk.to_json(), "finding": harness_finding, "expected": expected, "actual": actual,
             "environment": environment_lines, "upstream": _upstream(repro), "measured": ran and ran.measured,

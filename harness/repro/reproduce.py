@@ -22,7 +22,7 @@ from harness import oracles, sut
 from harness.matrix.model import Cell
 from harness.repro.ddmin import Budget, BudgetSpent
 from harness.repro.finding import (
-    ReproError, Reproducer, Toggle, located, pick_check, pick_row, toggle_candidates, writer_of,
+    ReproError, Reproducer, Toggle, asked_toggle, located, pick_check, pick_row, toggle_candidates, writer_of,
 )
 from harness.repro.shrink import Shrinker, Shrunk, Size
 from harness.run.boundary import recorded
@@ -93,23 +93,29 @@ def baseline(setup: Setup, failing: Trial, row: Mapping, check: Check, say: Say)
 
 
 def find_toggle(setup: Setup, row: Mapping, check: Check, workload: Workload, probes: Sequence[Mapping],
-                rows: Sequence[Mapping], say: Say) -> tuple[Toggle, Trial]:
-    """The first candidate setting whose golden level makes ``check`` pass on ``workload``, and its trial."""
+                rows: Sequence[Mapping], say: Say, asked: str | None = None) -> tuple[Toggle, Trial]:
+    """The first candidate setting whose golden level makes ``check`` pass on ``workload`` (the ``asked`` one alone,
+    ``FACTOR=LEVEL``, where given), and its trial."""
     matrix = setup.run.matrix
     cell = cell_of(matrix, row)
-    combination = located(rows, probes, row, check)
-    if combination is not None:
-        say(f"located: {combination.text()}")
+    if asked is not None:
+        candidates = [asked_toggle(matrix, cell.as_dict(), asked)]
+    else:
+        combination = located(rows, probes, row, check)
+        if combination is not None:
+            say(f"located: {combination.text()}")
+        candidates = toggle_candidates(matrix, cell.as_dict(), combination)
     tried = []
-    for toggle in toggle_candidates(matrix, cell.as_dict(), combination):
+    for toggle in candidates:
         changed = Cell(tuple((f, toggle.golden if f == toggle.factor else level) for f, level in cell.factors))
         trial = setup.trial(changed)
         outcome = setup.outcome(trial, workload)
         tried.append(f"{toggle.text()}: {', '.join(outcome.failing()) or 'pass'}" if outcome else toggle.text())
         if outcome is not None and check.cured(outcome):
-            say(f"toggle: {toggle.text()} (golden) makes {check.text()} pass")
+            say(f"toggle: {toggle.text()} ({'asked' if toggle.asked else 'golden'}) makes {check.text()} pass")
             return toggle, trial
-    raise ReproError(f"cell {row['cell_id']}: no one factor at its golden level makes {check.text()} pass on "
+    which = "the toggle asked for" if asked is not None else "no one factor at its golden level"
+    raise ReproError(f"cell {row['cell_id']}: {which} makes {check.text()} pass on "
                      f"{workload.name} ({'; '.join(tried) or 'every factor is at its golden level'})")
 
 
@@ -126,10 +132,10 @@ def _shrink(workload: Workload, row: Mapping, fails: Callable[[Workload], bool],
 
 def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping], header: Mapping, *,
               report_dir: Path, cell_id: str | None = None, oracle: str | None = None, check: str | None = None,
-              budget: int = 60,
+              toggle_to: str | None = None, budget: int = 60,
               say: Say = print) -> Reproducer:
     """Re-run, toggle and shrink the failure of ``cell_id`` (default: the run's first failing, error or xfail cell)
-    within ``budget`` runs, ``oracle``'s ``check`` where given; raises ``ReproError`` when it does not reproduce or
+    within ``budget`` runs, ``oracle``'s ``check`` and the toggle ``toggle_to`` (``FACTOR=LEVEL``) where given; raises ``ReproError`` when it does not reproduce or
     no toggle cures it."""
     row = pick_row(rows, cell_id)
     check = pick_check(row, oracle, check)
@@ -150,7 +156,7 @@ def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping]
         failing = setup.trial(cell_of(run.matrix, row))
         try:
             workload, check = baseline(setup, failing, row, check, say)
-            toggle, toggled = find_toggle(setup, row, check, workload, probes, rows, say)
+            toggle, toggled = find_toggle(setup, row, check, workload, probes, rows, say, toggle_to)
         except BudgetSpent as exc:
             raise ReproError(f"cell {row['cell_id']}: {exc} before the failure was reproduced and toggled "
                              f"(--budget RUNS)") from None

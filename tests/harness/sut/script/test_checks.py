@@ -101,6 +101,19 @@ def test_reproduce_exits_one_while_the_failure_shows_zero_once_fixed(capsys) -> 
     assert checks.reproduce(error, run(raised="IndexError: 4"), run(raised="TypeError: 1"), "spec=mtp") == 2
 
 
+def test_the_toggled_run_is_noted_where_it_fails_a_check_that_holds_whatever_the_setting(capsys) -> None:
+    """A request lost with the toggle too is worth a note; a toggled run's cached tokens are not judged by the failing
+    setting's cache rule (the disk tier's 32 against prefix caching off: 0 is that setting's own rule)."""
+    lost = run(output("a", [1, 2]))
+    assert checks.reproduce(CHECK, lost, lost, "scheduler=priority") == 1
+    assert "note: the toggled run fails this check too" in capsys.readouterr().out
+    allowed = {"lo": 32, "hi": 32, "page": 32, "host": 0, "storage": None, "text": "32"}
+    check = {"oracle": "cached_tokens", "passes": ["warm"], "cached": {"warm": {"a": allowed}}}
+    missed = run(output("a", [1], cached_tokens=0))
+    assert checks.reproduce(check, missed, missed, "cache=storage") == 1
+    assert "note:" not in capsys.readouterr().out
+
+
 def test_every_oracle_a_script_judges_has_a_check() -> None:
     assert set(checks.JUDGES) == {"completeness", "tokens", "logprobs", "cached_tokens", "nan", "pool_audit",
                                   "accept_length", "pd_audit", "inputs", "error"}
