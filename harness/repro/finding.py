@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from harness.results.locate import Combination, analyze
 from harness.results.rows import error_type
 from harness.run.plan import CellPlan
 from harness.run.trial import Check, Outcome
+from harness.sut.levels import LevelError
 from harness.sut.script.writer import NoScript, ScriptWriter
 from reference_impl.faults import FAULTS
 
@@ -63,16 +65,22 @@ class Toggle:
 
 
 def asked_toggle(matrix: Matrix, levels: Mapping[str, object], asked: str) -> Toggle:
-    """The toggle ``FACTOR=LEVEL`` asks for, from the cell's ``levels``; ``ReproError`` naming what the matrix
-    allows where the factor or level is not the matrix's, or the level is the cell's own."""
+    """The toggle ``FACTOR=LEVEL`` asks for, from the cell's ``levels``: any level the engine takes for the factor (a
+    probe matrix lists few), typed as a matrix file types it; ``ReproError`` naming the factors, or why the engine
+    refuses the level, or that it is the cell's own."""
     factor, _, wanted = asked.partition("=")
-    allowed = dict(matrix.factors)
-    if factor not in allowed or factor not in levels:
-        raise ReproError(f"--toggle {asked}: no factor {factor!r} (factors: {', '.join(allowed)})")
-    level = next((lv for lv in allowed[factor] if str(lv) == wanted), None)
-    if level is None or level == levels[factor]:
-        others = ", ".join(str(lv) for lv in allowed[factor] if lv != levels[factor])
-        raise ReproError(f"--toggle {asked}: {factor} must go to another of its levels ({others})")
+    if factor not in levels:
+        raise ReproError(f"--toggle {asked}: no factor {factor!r} (factors: {', '.join(levels)})")
+    try:
+        level = tomllib.loads(f"level = {wanted}")["level"]
+    except tomllib.TOMLDecodeError:
+        level = wanted  # a bare word: a string level
+    try:
+        sut.engine(matrix.engine).levels.check(factor, level)
+    except LevelError as exc:
+        raise ReproError(f"--toggle {asked}: {exc}") from None
+    if level == levels[factor]:
+        raise ReproError(f"--toggle {asked}: the cell's own level; toggle {factor} to another")
     return Toggle(factor, levels[factor], level, asked=True)
 
 

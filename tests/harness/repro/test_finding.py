@@ -81,21 +81,24 @@ def test_toggle_candidates_put_the_located_factors_first(tmp_path: Path) -> None
     assert [t.text() for t in toggles] == ["spec draft → none", "pool unified → static", "cache device → off"]
 
 
-def test_an_asked_toggle_goes_to_another_of_the_factors_levels_and_says_so(tmp_path: Path) -> None:
+def test_an_asked_toggle_goes_to_any_level_the_engine_takes_and_says_so(tmp_path: Path) -> None:
     """``--toggle cache=device``: the disk tier against the prefix cache alone, whose rule the tier's save path
-    shares, where the golden level (no cache) would contrast nothing."""
+    shares, where the golden level (no cache) would contrast nothing; a probe matrix that lists storage alone may
+    still toggle to it."""
     path = tmp_path / "m.toml"
     path.write_text('[matrix]\nname = "m"\nmode = "full"\nworkloads = ["pair"]\n\n[factors]\n'
-                    'cache = ["off", "device", "storage"]\npage_size = [16, 32]\n')
+                    'cache = ["storage"]\npage_size = [32]\n')
     matrix, levels = load_matrix(str(path)), {"cache": "storage", "page_size": 32}
     toggle = asked_toggle(matrix, levels, "cache=device")
     assert toggle == Toggle("cache", "storage", "device", asked=True)
     assert toggle.to_json() == {"factor": "cache", "level": "storage", "golden": "device", "asked": True}
-    assert asked_toggle(matrix, levels, "page_size=16").golden == 16  # a level as the matrix types it
+    assert asked_toggle(matrix, levels, "page_size=16").golden == 16  # typed as a matrix file types it
     assert Toggle("cache", "storage", "off").to_json() == {"factor": "cache", "level": "storage", "golden": "off"}
     with pytest.raises(ReproError, match="no factor 'pool'"):
         asked_toggle(matrix, levels, "pool=static")
-    with pytest.raises(ReproError, match=r"cache must go to another of its levels \(off, device\)"):
+    with pytest.raises(ReproError, match="unknown level 'disk' of 'cache'"):
+        asked_toggle(matrix, levels, "cache=disk")
+    with pytest.raises(ReproError, match="the cell's own level"):
         asked_toggle(matrix, levels, "cache=storage")
 
 
