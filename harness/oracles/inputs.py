@@ -37,9 +37,9 @@ def judge(views: Sequence[PassView]) -> Verdict:
         for name, result in passes:
             for check in result.inputs:
                 counted[check.call, check.where] = counted.get((check.call, check.where), 0) + check.compared
-                # each field is a check of its own: a reproducer keeps one (``harness repro --check``)
-                findings += [{"workload": view.workload, "pass": name, "call": check.call, **change,
-                              "check": change["field"]} for change in check.changes]
+                # each change names its check, its field without list positions (``harness repro --check``)
+                findings += [{"workload": view.workload, "pass": name, "call": check.call, **change}
+                             for change in check.changes]
     if not counted:
         return Verdict("inputs", "skip", "no pass compared the inputs it handed the engine")
     shown = "; ".join(f"{call}: {n} requests ({where})" for (call, where), n in counted.items())

@@ -14,6 +14,7 @@ here (a dataclass's string annotations are resolved through its module's entry t
 """
 import dataclasses
 import enum
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -37,7 +38,7 @@ class InputsCheck:
     call: str                 # the API handed the inputs: "serve", "LLM.generate", "POST /completion"
     where: str                # who held them during the call, in words
     compared: int = 0         # requests compared (a call's own containers are compared too, not counted)
-    changes: list[dict] = field(default_factory=list)  # {"request", "field", "before", "after"}, in order found
+    changes: list[dict] = field(default_factory=list)  # {"request", "field", "check", "before", "after"}, in order found
 
     def add(self, compared: int, changes: list[dict]) -> None:
         """Count one call's comparison."""
@@ -105,6 +106,12 @@ def differences(before: object, after: object, path: str = "") -> list[tuple[str
     return [] if before == after else [(path, before, after)]
 
 
+def field_of(path: str) -> str:
+    """A change's field with its list positions left out (``prompt.prompt_token_ids[31:]`` →
+    ``prompt.prompt_token_ids[]``): the check a reproducer keeps, the same whatever length its shrunk prompt has."""
+    return re.sub(r"\[\d+:?\]", "[]", path)
+
+
 def shown(value: object) -> str:
     """``value`` as a finding shows it: its repr, cut at ``SHOWN`` characters."""
     text = repr(value)
@@ -151,7 +158,7 @@ class Watch:
         found = []
         for label in dict.fromkeys([*self.before, *after]):
             for path, old, new in differences(self.before.get(label, ABSENT), after.get(label, ABSENT)):
-                found.append({"request": label, "field": path or "(the whole input)", "before": shown(old),
-                              "after": shown(new)})
+                found.append({"request": label, "field": path or "(the whole input)",
+                              "check": field_of(path) or "(the whole input)", "before": shown(old), "after": shown(new)})
         return found
 

@@ -236,10 +236,11 @@ def judge_pd_audit(check: dict, failing: dict, toggled: dict) -> tuple[str, str,
 def judge_inputs(check: dict, failing: dict, toggled: dict) -> tuple[str, str, bool]:
     """The engine leaves its caller's inputs as it got them: each request's prompt, sampling parameters and priority
     compare equal after every call (an engine API that reaches no caller's object records no comparison); the
-    finding's field alone where it names one (``CHECK["check"]``: another field the engine changes is another bug)."""
+    finding's field alone where it names one (``CHECK["check"]``, a change's ``check``: its field without list
+    positions; another field the engine changes is another bug)."""
     field = check.get("check")
     changes = [(name, change) for name, result in failing["passes"].items() for change in result.get("inputs", [])
-               if field is None or change["field"] == field]
+               if field is None or change.get("check") == field]
     untouched = "every input as it was handed" if field is None else f"{field} as it was handed"
     got = "; ".join(f"{name} {c['request']} {c['field']}: {c['before']} -> {c['after']}" for name, c in changes[:3])
     return untouched, got or untouched, bool(changes)

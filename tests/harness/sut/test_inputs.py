@@ -57,7 +57,7 @@ def test_a_watch_sees_an_item_replaced_in_the_callers_list() -> None:
     prompts = [[1, 2], [3, 4]]
     watch = Watch(lambda: {"a": prompts[0], "b": prompts[1]})
     prompts[1] = [3, 5]  # a new list put in the caller's, not the old one changed
-    assert watch.changes() == [{"request": "b", "field": "[1]", "before": "4", "after": "5"}]
+    assert watch.changes() == [{"request": "b", "field": "[1]", "check": "[]", "before": "4", "after": "5"}]
 
 
 class Reversing:
@@ -81,12 +81,13 @@ def test_serve_is_watched_for_requests_dropped_added_or_reordered() -> None:
     result = WatchedSystem(Reversing()).serve([group])
     (check,) = result.inputs
     assert (check.call, check.compared) == ("serve", 2)
-    assert check.changes == [{"request": "a", "field": "rid", "before": "'a'", "after": "'b'"},
-                             {"request": "a", "field": "prompt[0]", "before": "1", "after": "2"},
-                             {"request": "b", "field": "rid", "before": "'b'", "after": "'a'"},
-                             {"request": "b", "field": "prompt[0]", "before": "2", "after": "1"},
-                             {"request": CALL, "field": "rounds[0][0]", "before": "'a'", "after": "'b'"},
-                             {"request": CALL, "field": "rounds[0][1]", "before": "'b'", "after": "'a'"}]
+    assert check.changes == [
+        {"request": "a", "field": "rid", "check": "rid", "before": "'a'", "after": "'b'"},
+        {"request": "a", "field": "prompt[0]", "check": "prompt[]", "before": "1", "after": "2"},
+        {"request": "b", "field": "rid", "check": "rid", "before": "'b'", "after": "'a'"},
+        {"request": "b", "field": "prompt[0]", "check": "prompt[]", "before": "2", "after": "1"},
+        {"request": CALL, "field": "rounds[0][0]", "check": "rounds[][]", "before": "'a'", "after": "'b'"},
+        {"request": CALL, "field": "rounds[0][1]", "check": "rounds[][]", "before": "'b'", "after": "'a'"}]
 
 
 class Truncating(Engine):

@@ -133,12 +133,14 @@ def test_inputs_with_a_field_named_judges_that_field_alone() -> None:
     """vLLM's offline API sets output_kind on every call (a finding of its own); a script for the prompt it shortens
     judges the prompt, so it exits 0 once that is fixed whatever output_kind does."""
     changed = run(output("a", [1, 2]))
-    kind = {"request": "a", "field": "sampling_params.output_kind", "before": "0", "after": "2"}
-    prompt = {"request": "a", "field": "prompt.prompt_token_ids[2:]", "before": "[9]", "after": "[]"}
+    kind = {"request": "a", "field": "sampling_params.output_kind", "check": "sampling_params.output_kind",
+            "before": "0", "after": "2"}
+    prompt = {"request": "a", "field": "prompt.prompt_token_ids[2:]", "check": "prompt.prompt_token_ids[]",
+              "before": "[9]", "after": "[]"}
     changed["passes"]["warm"] = {**changed["passes"]["warm"], "inputs": [kind, prompt]}
-    asked = {"oracle": "inputs", "check": "prompt.prompt_token_ids[2:]"}
+    asked = {"oracle": "inputs", "check": "prompt.prompt_token_ids[]"}
     expected, got, present = checks.judge_inputs(asked, changed, run())
-    assert present and expected == "prompt.prompt_token_ids[2:] as it was handed"
+    assert present and expected == "prompt.prompt_token_ids[] as it was handed"
     assert got == "warm a prompt.prompt_token_ids[2:]: [9] -> []"
     changed["passes"]["warm"]["inputs"] = [kind]
     assert not checks.judge_inputs(asked, changed, run())[2]

@@ -74,10 +74,12 @@ def test_the_child_answers_what_generate_changed_naming_request_and_field(child:
     answer = serve(child, changing)
     assert (answer["call"], answer["compared"]) == ("LLM.generate", 2)
     assert answer["changes"] == [
-        {"request": "a", "field": "prompt.prompt_token_ids[3:]", "before": "[]", "after": "[9]"},
-        {"request": "a", "field": "priority", "before": "0", "after": "1"},
-        {"request": "b", "field": "sampling_params.max_tokens", "before": "1", "after": "7"},
-        {"request": "b", "field": "priority", "before": "1", "after": "0"}]
+        {"request": "a", "field": "prompt.prompt_token_ids[3:]", "check": "prompt.prompt_token_ids[]", "before": "[]",
+         "after": "[9]"},
+        {"request": "a", "field": "priority", "check": "priority", "before": "0", "after": "1"},
+        {"request": "b", "field": "sampling_params.max_tokens", "check": "sampling_params.max_tokens", "before": "1",
+         "after": "7"},
+        {"request": "b", "field": "priority", "check": "priority", "before": "1", "after": "0"}]
 
 
 def test_a_generate_that_leaves_its_inputs_answers_no_change(child: types.ModuleType) -> None:
@@ -88,7 +90,8 @@ def test_a_generate_that_leaves_its_inputs_answers_no_change(child: types.Module
 
 #: the stand-in child of test_engine.py, answering that vLLM extended the prompt of every request it served
 CHANGED_CHILD = PRESSED_CHILD.replace('"changes": []', '"changes": [{"request": r["rid"], "field": '
-                                      '"prompt.prompt_token_ids[3:]", "before": "[]", "after": "[9]"} '
+                                      '"prompt.prompt_token_ids[3:]", "check": "prompt.prompt_token_ids[]", '
+                                      '"before": "[]", "after": "[9]"} '
                                       'for r in msg["requests"]]')
 
 
