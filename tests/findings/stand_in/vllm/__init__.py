@@ -1,7 +1,9 @@
 """A stand-in for vLLM's offline API without any finding's bug: what a reproducer script reads of it (``LLM``,
 ``generate``'s outputs with their logprobs, ``get_metrics``' speculative counters and NIXL's bytes,
 ``reset_prefix_cache``, the engine core's KV layout) made up from the prompts alone, so the failing setting and the
-toggled one serve alike, as a fixed vLLM would. With ``STAND_IN_HANGS`` set, ``generate`` never returns."""
+toggled one serve alike, as a fixed vLLM would: its prefix cache and a disk tier (``kv_transfer_config``) each keep a
+served prompt's whole blocks short of its last token, the rule vLLM's prefix cache and ExampleConnector's save path
+share, and hit them again. With ``STAND_IN_HANGS`` set, ``generate`` never returns."""
 from __future__ import annotations
 
 import json
@@ -69,6 +71,10 @@ class LLM:
         self.llm_engine = engine(self.hybrid, self.block_size)
         self.decode_side = (kwargs.get("kv_transfer_config") or {}).get("kv_role") == "kv_consumer"
         self.nixl = {"sum": 0, "count": 0}  # NIXL's byte histogram: bytes read, transfers
+        tier = (kwargs.get("kv_transfer_config") or {}).get("kv_connector") == "ExampleConnector"
+        # the prompt prefixes each cache holds: the device prefix cache's (where it is on) and a disk tier's
+        self.caches = {name: set() for name, on in (("device", bool(kwargs.get("enable_prefix_caching"))),
+                                                     ("tier", tier)) if on}
 
     def generate(self, prompts: list[dict], params: list[SamplingParams], use_tqdm: bool = False,
                  priority: list[int] | None = None) -> list[SimpleNamespace]:
@@ -90,8 +96,19 @@ class LLM:
             if self.decode_side:
                 self.transfer(len(prompt["prompt_token_ids"]))
             completion = SimpleNamespace(token_ids=tokens, logprobs=steps, finish_reason="length")
-            results.append(SimpleNamespace(outputs=[completion], num_cached_tokens=0, kv_transfer_params=None))
+            results.append(SimpleNamespace(outputs=[completion], num_cached_tokens=self.hit(prompt["prompt_token_ids"]),
+                                           kv_transfer_params=None))
         return results
+
+    def hit(self, prompt: list[int]) -> int:
+        """The longest whole-block prefix of ``prompt``, short of its last token, that a cache holds; then the prompt's
+        own such prefixes kept in every cache."""
+        whole = (len(prompt) - 1) // self.block_size * self.block_size
+        prefixes = [tuple(prompt[:n]) for n in range(self.block_size, whole + 1, self.block_size)]
+        found = max((len(p) for p in prefixes if any(p in held for held in self.caches.values())), default=0)
+        for held in self.caches.values():
+            held.update(prefixes)
+        return found
 
     def transfer(self, prompt_tokens: int) -> None:
         """One NIXL read of a prompt's blocks (a hybrid's: all but its last token, and its state)."""
@@ -105,4 +122,8 @@ class LLM:
                 Metric("vllm:nixl_bytes_transferred", **self.nixl)]
 
     def reset_prefix_cache(self, reset_connector: bool = False) -> bool:
+        """Empty the device prefix cache, and the tier with ``reset_connector``."""
+        for name, held in self.caches.items():
+            if name == "device" or reset_connector:
+                held.clear()
         return True
