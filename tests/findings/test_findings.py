@@ -93,8 +93,9 @@ def test_a_vllm_script_exits_zero_on_an_engine_without_the_bug(folder: Path, tmp
 def test_a_vllm_script_whose_engine_hangs_cannot_judge_and_prints_where_each_engine_waits(tmp_path: Path) -> None:
     """An engine that gives no answer (the stand-in's ``generate`` never returns) ends the run within the script's
     deadline: exit 2 with its line, each engine's threads' stacks on stderr, and no engine process left behind."""
-    pair = next(folder for folder in VLLM_FINDINGS if "decode" in json.loads((folder / "finding.json").read_text())
-                ["script"]["failing"])
+    pair = next(folder for folder in VLLM_FINDINGS  # both settings a PD pair: four engines, each one's stacks
+                if all("decode" in setting for setting in (json.loads((folder / "finding.json").read_text())["script"]
+                                                           [name] for name in ("failing", "toggled"))))
     script = rendered(pair, tmp_path)
     deadline = f"\nANSWER_S = {standalone.ANSWER_S}\n"
     assert deadline in script.read_text()
