@@ -127,6 +127,12 @@ def _install_and_run(finding: Mapping, writer: ScriptWriter, name: str) -> list[
         "package or CPU flag missing, an engine that would not start: one line on stderr says which).", ""]
 
 
+def _install_alone(finding: Mapping, writer: ScriptWriter) -> list[str]:
+    """REPORT.md's opening where no script is rendered: the engine's install lines, where the finding was seen."""
+    return [f"Install {finding['engine_version']} in an empty folder:", "", "```sh", *writer.install(None), "```", "",
+            "No script is rendered for this finding: `How to reproduce` says why, and what shows it instead.", ""]
+
+
 def _what(finding: Mapping) -> str:
     """The harness's own ``What``: the toggle and the check."""
     toggle, check = finding["toggle"], finding["check"]
@@ -174,7 +180,8 @@ def report_text(name: str, finding: Mapping, notes: Notes) -> str:
         sections.append("## Provenance\n" + "\n\n".join(p for p in (provenance, own.get("Provenance")) if p))
     elif own.get("Provenance"):
         sections.append(f"## Provenance\n{own['Provenance']}")
-    opening = _install_and_run(finding, engine_writer(finding), name) if script is not None else []
+    writer = engine_writer(finding)
+    opening = _install_and_run(finding, writer, name) if script is not None else _install_alone(finding, writer)
     return "\n".join([f"# {title}", "", GENERATED, "", *opening, "\n\n".join(sections), ""])
 
 

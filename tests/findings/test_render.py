@@ -59,6 +59,18 @@ def test_the_report_opens_with_the_install_lines_then_the_command_then_the_time(
         assert install < command < took < text.index("## "), folder.name
 
 
+def test_a_report_without_a_script_opens_with_its_engines_install_lines_all_the_same() -> None:
+    """Every REPORT.md starts with the environment it was seen in: where no script is rendered (an input the engine
+    changes whatever the setting, a finding not seen again), the engine's own lines, and a word on why."""
+    unscripted = [folder for folder in FINDINGS if folder not in SCRIPTED]
+    assert unscripted
+    for folder in unscripted:
+        text = render(folder)[REPORT]
+        install, why = text.index("```sh\npython3 -m venv venv"), text.index("No script is rendered for this finding")
+        assert install < why < text.index("## "), folder.name
+        assert "nixl" not in text[install:why], folder.name  # no setting's extras: the engine alone
+
+
 def test_the_lists_in_readme_and_docs_are_the_findings_own() -> None:
     assert lists.stale(ROOT) == [], "run: python -m harness findings"
 

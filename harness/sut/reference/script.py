@@ -95,8 +95,8 @@ def data(inputs: ScriptInputs) -> dict:
             "imports": sorted(imports)}
 
 
-def install(script: Mapping) -> list[str]:
-    """kvmatrix's checkout on the path: the engine is its reference_impl."""
+def install(script: Mapping | None) -> list[str]:
+    """kvmatrix's checkout on the path: the engine is its reference_impl (whatever the script, or without one)."""
     return [f"export PYTHONPATH={ROOT}"]
 
 

