@@ -427,8 +427,6 @@ UNMIRRORED: dict[str, str] = {
                              "tests/harness/sut/vllm/test_engine.py, tests/harness/sut/openai/test_table.py, "
                              "tests/e2e/test_plugins.py",
     "harness/sut/interrupt.py": "Ctrl-C and a killed harness, tested end to end in tests/e2e/test_lifecycle.py",
-    "harness/sut/process.py": "every child and server's process group, tested in tests/e2e/test_lifecycle.py (nothing "
-                              "outlives a cell) and through the engines' tests",
     "harness/sut/watched.py": "the engine wrapper that watches inputs, tested in tests/harness/sut/test_inputs.py",
     "harness/sut/rules.py": "the shared paged rule, tested through the rules that wrap it in "
                             "tests/harness/sut/vllm_common/test_cache.py and the cached_tokens oracle's tests",

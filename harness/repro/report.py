@@ -139,7 +139,8 @@ def _what(finding: Mapping) -> str:
     oracle = check.split(" ")[0]
     fails_when = oracles.oracles()[oracle].fails_when if oracle in oracles.oracles() else "the cell raises"
     return (f"With `{toggle['factor']}={toggle['level']}` the `{check}` check fails; with `{toggle['factor']}="
-            f"{toggle['golden']}` ({toggled_to(toggle)}), all else equal, it passes. The check fails when {fails_when}.")
+            f"{toggle['golden']}` ({toggled_to(toggle)}), all else equal, it passes. The check fails when "
+            f"{fails_when}.")
 
 
 def report_text(name: str, finding: Mapping, notes: Notes) -> str:

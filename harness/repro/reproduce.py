@@ -135,8 +135,8 @@ def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping]
               toggle_to: str | None = None, budget: int = 60,
               say: Say = print) -> Reproducer:
     """Re-run, toggle and shrink the failure of ``cell_id`` (default: the run's first failing, error or xfail cell)
-    within ``budget`` runs, ``oracle``'s ``check`` and the toggle ``toggle_to`` (``FACTOR=LEVEL``) where given; raises ``ReproError`` when it does not reproduce or
-    no toggle cures it."""
+    within ``budget`` runs, ``oracle``'s ``check`` and the toggle ``toggle_to`` (``FACTOR=LEVEL``) where given;
+    raises ``ReproError`` when it does not reproduce or no toggle cures it."""
     row = pick_row(rows, cell_id)
     check = pick_check(row, oracle, check)
     # before any run: a program without a script writer is refused at once

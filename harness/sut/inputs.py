@@ -38,7 +38,7 @@ class InputsCheck:
     call: str                 # the API handed the inputs: "serve", "LLM.generate", "POST /completion"
     where: str                # who held them during the call, in words
     compared: int = 0         # requests compared (a call's own containers are compared too, not counted)
-    changes: list[dict] = field(default_factory=list)  # {"request", "field", "check", "before", "after"}, in order found
+    changes: list[dict] = field(default_factory=list)  # {"request", "field", "check", "before", "after"}, as found
 
     def add(self, compared: int, changes: list[dict]) -> None:
         """Count one call's comparison."""
@@ -158,7 +158,8 @@ class Watch:
         found = []
         for label in dict.fromkeys([*self.before, *after]):
             for path, old, new in differences(self.before.get(label, ABSENT), after.get(label, ABSENT)):
-                found.append({"request": label, "field": path or "(the whole input)",
-                              "check": field_of(path) or "(the whole input)", "before": shown(old), "after": shown(new)})
+                whole = "(the whole input)"
+                found.append({"request": label, "field": path or whole, "check": field_of(path) or whole,
+                              "before": shown(old), "after": shown(new)})
         return found
 

@@ -301,8 +301,9 @@ class ServerSystem:
     def _ledger(self, before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]]) -> dict:
         """The pass's counted ledger (``harness.oracles.pd_audit``): what each side's connectors moved over the pass,
         the prefill server's hit per request, what each side logged of a failed NIXL transfer since the last pass,
-        the decode side's block size as it applied it; bytes per block are not read back from a server (not judged). The decode server's cache was emptied before the workload's first pass
-        only: a later pass finds there what the first one read."""
+        the decode side's block size as it applied it; bytes per block are not read back from a server (not judged).
+        The decode server's cache was emptied before the workload's first pass only: a later pass finds there what
+        the first one read."""
         sides = {side: {key: after[side][key] - before[side][key] for key in after[side]} for side in after}
         failures = {side: failure_lines(process.cursor.new())
                     for side, process in (("prefill", self.prefill), ("decode", self.process))}

@@ -142,13 +142,14 @@ def docstring(finding: Mapping, engine: str, notes: Sequence[str], run: Sequence
 
 
 def toggled_to(toggle: Mapping) -> str:
-    """What the level a finding toggles to is: the factor's golden level, or one ``harness repro --toggle`` asked for."""
+    """What the level a finding toggles to is: the factor's golden level, or one ``repro --toggle`` asked for."""
     return "the level asked for" if toggle.get("asked") else "its golden level"
 
 
 def toggle_comment(toggle: Mapping) -> str:
     """The comment above ``TOGGLED``."""
-    return f"#: the one toggled setting: {toggle['factor']} {toggle['level']} → {toggle['golden']} ({toggled_to(toggle)})"
+    to = f"{toggle['golden']} ({toggled_to(toggle)})"
+    return f"#: the one toggled setting: {toggle['factor']} {toggle['level']} → {to}"
 
 
 def workload_and_check(script: Mapping) -> list[str]:

@@ -42,9 +42,10 @@ class ScriptWriter:
     """One program's reproducer (``engine``: ``Engine.program_name``): ``data`` takes its part of a finding's script
     data (plain values) from the inputs, ``render`` writes the script's text from a finding's data alone (so a
     committed finding renders again without a run or its engine), ``install`` gives the lines that install what the
-    script needs (given None, the engine alone: a finding without a script was seen there), ``command`` how a maintainer runs it (the path: ``python`` there is the installed interpreter),
-    ``environment`` the engine's lines of an environment (its version, torch's); ``python`` and ``here`` the
-    interpreter and environment ``harness repro`` runs the script with on this machine to check it exits 1."""
+    script needs (given None, the engine alone: a finding without a script was seen there), ``command`` how a
+    maintainer runs it (the path: ``python`` there is the installed interpreter), ``environment`` the engine's lines
+    of an environment (its version, torch's); ``python`` and ``here`` the interpreter and environment ``harness
+    repro`` runs the script with on this machine to check it exits 1."""
 
     engine: str
     data: Callable[[ScriptInputs], dict]
