@@ -93,13 +93,13 @@ def baseline(setup: Setup, failing: Trial, row: Mapping, check: Check, say: Say)
 
 
 def find_toggle(setup: Setup, row: Mapping, check: Check, workload: Workload, probes: Sequence[Mapping],
-                rows: Sequence[Mapping], say: Say, asked: str | None = None) -> tuple[Toggle, Trial]:
+                rows: Sequence[Mapping], say: Say, asked: Toggle | None = None) -> tuple[Toggle, Trial]:
     """The first candidate setting whose golden level makes ``check`` pass on ``workload`` (the ``asked`` one alone,
-    ``FACTOR=LEVEL``, where given), and its trial."""
+    where given), and its trial."""
     matrix = setup.run.matrix
     cell = cell_of(matrix, row)
     if asked is not None:
-        candidates = [asked_toggle(matrix, cell.as_dict(), asked)]
+        candidates = [asked]
     else:
         combination = located(rows, probes, row, check)
         if combination is not None:
@@ -139,6 +139,8 @@ def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping]
     raises ``ReproError`` when it does not reproduce or no toggle cures it."""
     row = pick_row(rows, cell_id)
     check = pick_check(row, oracle, check)
+    # before any run: a toggle the engine does not take is refused at once, as a program without a script writer is
+    asked = None if toggle_to is None else asked_toggle(run.matrix, cell_of(run.matrix, row).as_dict(), toggle_to)
     # before any run: a program without a script writer is refused at once
     writer_of(sut.engine(run.matrix.engine).program_name(run.matrix.engine_args))
     if check.oracle not in JUDGES:
@@ -156,7 +158,7 @@ def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping]
         failing = setup.trial(cell_of(run.matrix, row))
         try:
             workload, check = baseline(setup, failing, row, check, say)
-            toggle, toggled = find_toggle(setup, row, check, workload, probes, rows, say, toggle_to)
+            toggle, toggled = find_toggle(setup, row, check, workload, probes, rows, say, asked)
         except BudgetSpent as exc:
             raise ReproError(f"cell {row['cell_id']}: {exc} before the failure was reproduced and toggled "
                              f"(--budget RUNS)") from None
