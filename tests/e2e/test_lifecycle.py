@@ -264,6 +264,8 @@ def check_stopped_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     how = STOPS[stop_name]
     cells = [cell.cell_id for cell in generate(load_matrix(str(path)))]
     env = {**os.environ, MARK_ENV: mark, "PYTHONPATH": str(ROOT)}
+    if jobs > 1:  # the stand-in's cell servers wait for each other (after the golden one): both serve when it stops
+        env["KVMATRIX_FAKE_MEET"] = str(1 + jobs)
     report = tmp_path / "out"
     command = ["run", "--matrix", str(path), "--report-dir", str(report)]
     run = harness([*command, "-j", str(jobs)], env, tmp_path)

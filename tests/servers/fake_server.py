@@ -14,6 +14,9 @@ after S seconds); ``stuck_reset`` (its cache reset answers ``{"success": false}`
 A ``--role=prefill`` or ``--role=decode`` argument makes it one side of a PD pair: the prefill side answers
 ``kv_transfer_params`` naming the prompt it computed (``stale_handoff``: the one before it), the decode side
 computes its tokens from the prompt the parameters name, as a decode engine reads the KV it was handed.
+With ``KVMATRIX_FAKE_MEET=N`` in its environment, every server but the first to start (a run's golden server) holds
+its completions until N have started, for up to a minute: a lifecycle test's -j 2 run, whose signal must find both
+workers serving, does not rely on two servers' start-ups overlapping on a loaded machine.
 """
 from __future__ import annotations
 
@@ -26,7 +29,10 @@ from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT, MODE, PIDS = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+ORDER = 0  # this server's place among those started with PIDS (main)
 ROLE = next((arg.partition("=")[2] for arg in sys.argv if arg.startswith("--role=")), None)
+MEET = int(os.environ.get("KVMATRIX_FAKE_MEET", "0"))
+MEET_S = 60
 completions = 0
 prefilled: list[list[int]] = []  # the prompts the prefill side computed, in order
 
@@ -34,6 +40,19 @@ prefilled: list[list[int]] = []  # the prompts the prefill side computed, in ord
 def record_pid() -> None:
     with open(PIDS, "a") as out:
         out.write(f"{os.getpid()}\n")
+
+
+def started() -> int:
+    """How many servers have started with this PIDS file (this one included, once it has recorded itself)."""
+    path = Path(PIDS + ".started")
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def meet(order: int) -> None:
+    """Hold a server that started after the first until MEET servers have started (MEET_S at most)."""
+    deadline = time.monotonic() + MEET_S
+    while order > 1 and started() < MEET and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def tokens_for(prompt: list[int], n: int) -> list[int]:
@@ -95,6 +114,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.answer(200, json.dumps({"success": MODE != "stuck_reset"}).encode())
             return
         completions += 1
+        meet(ORDER)
         n = int(MODE.partition(":")[2]) if MODE.startswith(("die:", "hang:")) else 0
         if MODE.startswith("die:") and completions >= n:
             sys.stderr.write("fake server: out of memory\n")
@@ -112,7 +132,11 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
+    global ORDER
     record_pid()
+    with open(PIDS + ".started", "a") as out:
+        out.write(f"{os.getpid()}\n")
+    ORDER = started()
     if MODE == "exit":
         sys.stderr.write("fake server: RuntimeError: no such model\n")
         sys.exit(1)
