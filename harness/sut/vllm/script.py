@@ -144,7 +144,7 @@ def render(finding: Mapping) -> str:
     doc = docstring(finding, "vLLM's offline API", [], [
         "Run it with vLLM's interpreter (it imports vllm, torch and safetensors alone; no model download):",
         f"  {command(Path('repro.py')).text()}",
-        "Each engine runs in a process of its own (the script run again with --engine)."])
+        "Each engine runs in a process of its own, forked from a server that imported vllm once."])
     constants = [
         "#: the checkpoints the arguments name, rebuilt from their recipes (config.json, seed, the layers drawn)",
         f"CHECKPOINTS = {literal(script['checkpoints'], 14)}",
@@ -155,7 +155,7 @@ def render(finding: Mapping) -> str:
         f"TOGGLED = {_toggled(failing, toggled)}",
         *workload_and_check(script),
     ]
-    main = ("def main():\n    if sys.argv[1:2] == [\"--engine\"]:\n        engine_main()\n        return 0\n"
+    main = ("def main():\n"
             "    print(f\"python {sys.version.split()[0]}, {engine_version()}\", flush=True)\n"
             "    runs = run_settings(CHECKPOINTS, {\"failing\": FAILING, \"toggled\": TOGGLED}, ROUNDS)\n"
             "    return reproduce(CHECK, runs[\"failing\"], runs[\"toggled\"], SETTING)")

@@ -1,6 +1,6 @@
 """vLLM's side of a reproducer script: the checkpoints rebuilt from their recipes, then each setting served by
-engines in processes of their own (the script run again with ``--engine``, answering a JSON line per round), as the
-harness runs one vLLM child per engine: one engine's state or crash (a SIGILL) never reaches another run. A setting
+engines in processes of their own (each forked from a server that imported vLLM once, answering on a pipe per
+round), as the harness runs one vLLM child per engine: one engine's state or crash (a SIGILL) never reaches another run. A setting
 is one engine's ``vllm.LLM`` arguments, or a PD pair's (``{"prefill": ..., "decode": ...}``, NIXL over loopback),
 each round prefilled on one, handed over as vLLM's toy proxy hands it, and decoded on the other, which counts what
 NIXL moved. Imports vllm (in an engine's process alone), torch and safetensors (``harness.models.weights``'), the
@@ -8,13 +8,10 @@ standard library; the harness child's metric readers (``harness.sut.vllm.child``
 from __future__ import annotations
 
 import faulthandler
-import json
 import math
 import os
-import select
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -124,30 +121,51 @@ def generate(llm, ask: dict) -> dict:
             "inputs": watch.changes()}
 
 
-def engine_main() -> None:
-    """``--engine ARGUMENTS.json``: one ``vllm.LLM``, then a JSON answer per JSON line on stdin (a round,
-    ``{"reset": true}`` to empty the device prefix cache, or ``{"layout": true}`` for its KV layout, ``kv_layout``).
-    Answers go to a copy of stdout; vLLM's logs to stderr."""
-    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+#: what the engines' server imports once, before it forks each engine: vLLM's offline API (its import is most of
+#: an engine's start on a CPU, 15-25 s) and this script, whose ``engine_process`` each engine runs.
+PRELOAD = ["__main__", "vllm.entrypoints.llm"]
+
+
+def engine_context():
+    """The ``multiprocessing`` context the engines start in: forked from a server of their own that imported
+    ``PRELOAD`` once (a fresh interpreter of this one's flags and environment, which never ran torch: forking it is
+    safe), so each engine still starts in a process of its own, without importing vLLM again."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
+
+
+def engine_process(label: str, arguments: dict, log: str, env: dict, conn) -> None:
+    """One engine: its output and vLLM's logs into ``log``, ``env`` set, one ``vllm.LLM``, then an answer on ``conn``
+    per message (a round, ``{"reset": true}`` to empty the device prefix cache, or ``{"layout": true}`` for its KV
+    layout, ``kv_layout``) until the script closes its end."""
+    with open(log, "w") as out:
+        os.dup2(out.fileno(), sys.stdout.fileno())
+        os.dup2(out.fileno(), sys.stderr.fileno())
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a hung engine waits, on the script's asking
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process, as the harness runs it
+    os.environ.update({**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})  # the engine core here, as the harness runs it
     try:
         from vllm import LLM
 
-        arguments = json.loads(Path(sys.argv[2]).read_text())
         if arguments.get("num_gpu_blocks_override") is not None:  # a tight cell, raised as the harness's child does
             hold_requests()
         llm = LLM(**arguments)
-        answers.write(json.dumps({"started": True}) + "\n")
-        for line in sys.stdin:
-            ask = json.loads(line)
-            answer = ({"reset": llm.reset_prefix_cache(reset_connector=False)} if ask.get("reset") else
+        conn.send({"started": True})
+        while True:
+            try:
+                ask = conn.recv()
+            except EOFError:
+                break
+            conn.send({"reset": llm.reset_prefix_cache(reset_connector=False)} if ask.get("reset") else
                       kv_layout(llm) if ask.get("layout") else generate(llm, ask))
-            answers.write(json.dumps(answer) + "\n")
     except Exception as exc:  # the failure may be this very exception: its traceback goes to the log first
         traceback.print_exc()
-        answers.write(json.dumps({"raised": f"{type(exc).__name__}: {exc}"}) + "\n")
+        conn.send({"raised": f"{type(exc).__name__}: {exc}"})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 class EngineEnded(Exception):
@@ -159,73 +177,69 @@ class NoAnswer(EngineEnded):
 
 
 class Engine:
-    """An engine process of this script (``--engine``), its log in ``directory``."""
+    """An engine process of this script (``engine_process``, started in ``context``), its log in ``directory``."""
 
-    def __init__(self, label: str, arguments: dict, directory: Path, env: dict) -> None:
-        given, self.log = directory / f"{label}.json", open(directory / f"{label}.log", "w+")
-        given.write_text(json.dumps(arguments))
-        flags = [flag for flag, on in (("-I", sys.flags.isolated), ("-S", sys.flags.no_site)) if on]  # as this one
-        self.label = label
-        self.proc = subprocess.Popen([sys.executable, *flags, os.path.abspath(sys.argv[0]), "--engine", str(given)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env={**os.environ, **env})
+    def __init__(self, label: str, arguments: dict, directory: Path, env: dict, context) -> None:
+        self.label, self.log = label, directory / f"{label}.log"
+        self.conn, theirs = context.Pipe()
+        self.proc = context.Process(target=engine_process, args=(label, arguments, str(self.log), env, theirs),
+                                    name=label)
+        self.proc.start()
+        theirs.close()
 
     def answer(self) -> dict:
         """The next answer; ``EngineEnded`` for an exception or a process that ended (a signal is its cause), after
         the tail of the engine's log (its traceback, or what it said before it died) on stderr; ``NoAnswer`` past
-        ``ANSWER_S`` (an engine answers one line per line asked, so nothing waits unread in the pipe's buffer)."""
-        if not select.select([self.proc.stdout], [], [], ANSWER_S)[0]:
+        ``ANSWER_S``."""
+        if not self.conn.poll(ANSWER_S):
             raise NoAnswer(f"NoAnswer: {self.label} gave no answer in {ANSWER_S} s")
-        line = self.proc.stdout.readline()
-        answer = json.loads(line) if line else None
+        try:
+            answer = self.conn.recv()
+        except EOFError:
+            answer = None
         if answer is not None and "raised" not in answer:
             return answer
-        code = self.proc.wait() if answer is None else None
-        self.log.flush()
-        self.log.seek(0)
-        tail = "\n".join(self.log.read().splitlines()[-TAIL_LINES:])
+        if answer is None:
+            self.proc.join()
+        tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-TAIL_LINES:])
         what = "raised" if answer is not None else "ended without an answer"
         print(f"{self.label}: the engine {what}; its log's last lines:\n{tail}", file=sys.stderr, flush=True)
         if answer is not None:
             raise EngineEnded(answer["raised"])
+        code = self.proc.exitcode
         raise EngineEnded(f"{signal.Signals(-code).name}: killed by a signal" if code < 0 else
                           f"EngineExited: exit status {code}")
 
     def ask(self, message: dict) -> dict:
-        self.proc.stdin.write(json.dumps(message) + "\n")
-        self.proc.stdin.flush()
+        self.conn.send(message)
         return self.answer()
 
     def give_up(self) -> None:
         """End a run given no answer: where each thread of the engine's process is (its ``faulthandler`` dump on
-        SIGUSR1) on stderr, then the process killed, which would not read its closed stdin."""
-        if self.proc.poll() is not None:
+        SIGUSR1) on stderr, then the process killed."""
+        if not self.proc.is_alive():
             return
-        self.log.flush()
-        start = self.log.seek(0, os.SEEK_END)
-        self.proc.send_signal(signal.SIGUSR1)
+        start = self.log.stat().st_size
+        os.kill(self.proc.pid, signal.SIGUSR1)
         deadline, size = time.monotonic() + STACKS_S, start
         while time.monotonic() < deadline:  # until the dump has stopped growing
             time.sleep(0.25)
-            grown, size = size, os.fstat(self.log.fileno()).st_size
+            grown, size = size, self.log.stat().st_size
             if size > start and size == grown:
                 break
-        self.log.seek(start)
-        print(f"{self.label}: its threads' stacks, given no answer:\n{self.log.read()}", file=sys.stderr, flush=True)
+        with self.log.open(errors="replace") as log:
+            log.seek(start)
+            print(f"{self.label}: its threads' stacks, given no answer:\n{log.read()}", file=sys.stderr, flush=True)
         self.proc.kill()
-        self.proc.wait()
+        self.proc.join()
 
     def close(self) -> None:
-        """End the process: its stdin closed, it leaves; killed when it has not within ``CLOSE_S``."""
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=CLOSE_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self.log.close()
+        """End the process: its end of the pipe closed, it leaves; killed when it has not within ``CLOSE_S``."""
+        self.conn.close()
+        self.proc.join(CLOSE_S)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
 
 
 def free_port() -> int:
@@ -248,11 +262,11 @@ def serve(label: str, setting: dict, rounds: list[list[tuple]], directory: Path)
     prefill side's expired leases (``LEASE_COUNTERS``)."""
     pair = "decode" in setting
     sides = {"prefill": setting["prefill"], "decode": setting["decode"]} if pair else {"engine": setting}
-    run, engines = {"raised": None, "passes": {}}, {}
+    run, engines, context = {"raised": None, "passes": {}}, {}, engine_context()
     try:
         for side, arguments in sides.items():  # started side by side
             env = {**PAIR_ENV, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())} if pair else {}
-            engines[side] = Engine(f"{label}.{side}", arguments, directory, env)
+            engines[side] = Engine(f"{label}.{side}", arguments, directory, env, context)
         for engine in engines.values():
             engine.answer()
         layout = engines["decode"].ask({"layout": True}) if pair else None
