@@ -15,7 +15,7 @@ A ``--role=prefill`` or ``--role=decode`` argument makes it one side of a PD pai
 ``kv_transfer_params`` naming the prompt it computed (``stale_handoff``: the one before it), the decode side
 computes its tokens from the prompt the parameters name, as a decode engine reads the KV it was handed.
 With ``KVMATRIX_FAKE_MEET=N`` in its environment, every server but the first to start (a run's golden server) holds
-its completions until N have started, for up to a minute: a lifecycle test's -j 2 run, whose signal must find both
+its completions until N have started, once and for 20 s at most: a lifecycle test's -j 2 run, whose signal must find both
 workers serving, does not rely on two servers' start-ups overlapping on a loaded machine.
 """
 from __future__ import annotations
@@ -32,7 +32,8 @@ PORT, MODE, PIDS = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 ORDER = 0  # this server's place among those started with PIDS (main)
 ROLE = next((arg.partition("=")[2] for arg in sys.argv if arg.startswith("--role=")), None)
 MEET = int(os.environ.get("KVMATRIX_FAKE_MEET", "0"))
-MEET_S = 60
+MEET_S = 20
+met = False  # this server has met the others, or stopped waiting
 completions = 0
 prefilled: list[list[int]] = []  # the prompts the prefill side computed, in order
 
@@ -49,10 +50,13 @@ def started() -> int:
 
 
 def meet(order: int) -> None:
-    """Hold a server that started after the first until MEET servers have started (MEET_S at most)."""
+    """Hold a server that started after the first until MEET servers have started, once and for MEET_S at most (a
+    run whose other cell never starts a server, its worker killed first, still ends)."""
+    global met
     deadline = time.monotonic() + MEET_S
-    while order > 1 and started() < MEET and time.monotonic() < deadline:
+    while not met and order > 1 and started() < MEET and time.monotonic() < deadline:
         time.sleep(0.05)
+    met = True
 
 
 def tokens_for(prompt: list[int], n: int) -> list[int]:
