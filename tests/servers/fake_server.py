@@ -15,8 +15,8 @@ A ``--role=prefill`` or ``--role=decode`` argument makes it one side of a PD pai
 ``kv_transfer_params`` naming the prompt it computed (``stale_handoff``: the one before it), the decode side
 computes its tokens from the prompt the parameters name, as a decode engine reads the KV it was handed.
 With ``KVMATRIX_FAKE_MEET=N`` in its environment, every server but the first to start (a run's golden server) holds
-its completions until N have started, once and for 20 s at most: a lifecycle test's -j 2 run, whose signal must find both
-workers serving, does not rely on two servers' start-ups overlapping on a loaded machine.
+its completions until N have started, once and for 20 s at most: a lifecycle test's -j 2 run, whose signal must find
+both workers serving, does not rely on two servers' start-ups overlapping on a loaded machine.
 """
 from __future__ import annotations
 

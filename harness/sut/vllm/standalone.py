@@ -1,10 +1,11 @@
 """vLLM's side of a reproducer script: the checkpoints rebuilt from their recipes, then each setting served by
 engines in processes of their own (each forked from a server that imported vLLM once, answering on a pipe per
-round), as the harness runs one vLLM child per engine: one engine's state or crash (a SIGILL) never reaches another run. A setting
-is one engine's ``vllm.LLM`` arguments, or a PD pair's (``{"prefill": ..., "decode": ...}``, NIXL over loopback),
-each round prefilled on one, handed over as vLLM's toy proxy hands it, and decoded on the other, which counts what
-NIXL moved. Imports vllm (in an engine's process alone), torch and safetensors (``harness.models.weights``'), the
-standard library; the harness child's metric readers (``harness.sut.vllm.child``) are copied in beside it."""
+round), as the harness runs one vLLM child per engine: one engine's state or crash (a SIGILL) never reaches another
+run. A setting is one engine's ``vllm.LLM`` arguments, or a PD pair's (``{"prefill": ..., "decode": ...}``, NIXL
+over loopback), each round prefilled on one, handed over as vLLM's toy proxy hands it, and decoded on the other,
+which counts what NIXL moved. Imports vllm (in an engine's process alone), torch and safetensors
+(``harness.models.weights``'), the standard library; the harness child's metric readers (``harness.sut.vllm.child``)
+are copied in beside it."""
 from __future__ import annotations
 
 import faulthandler
