@@ -139,9 +139,8 @@ def reproduce(run: MatrixRun, rows: Sequence[Mapping], probes: Sequence[Mapping]
     raises ``ReproError`` when it does not reproduce or no toggle cures it."""
     row = pick_row(rows, cell_id)
     check = pick_check(row, oracle, check)
-    # before any run: a toggle the engine does not take is refused at once, as a program without a script writer is
+    # before any run: a toggle the engine does not take, and a program without a script writer, are refused at once
     asked = None if toggle_to is None else asked_toggle(run.matrix, cell_of(run.matrix, row).as_dict(), toggle_to)
-    # before any run: a program without a script writer is refused at once
     writer_of(sut.engine(run.matrix.engine).program_name(run.matrix.engine_args))
     if check.oracle not in JUDGES:
         raise ReproError(f"cell {row['cell_id']}: a script cannot judge {check.oracle} yet (it judges "

@@ -29,6 +29,8 @@ LLAMACPP_FINDINGS = [folder for folder in FINDINGS if folder.name.startswith("ll
 #: which waits out two 30 s leases: 123 s alone, past 300 s in make test on an AVX-512 EPYC, 2026-12-07)
 TIMEOUT_S = 600
 STAND_IN = Path(__file__).with_name("stand_in")
+#: the stand-in vLLM before this interpreter's packages (torch, safetensors): what a script runs on without vLLM
+STAND_IN_PATH = f"{STAND_IN}:{sysconfig.get_paths()['purelib']}"
 #: the words of the one line a script prints where the host's CPU lacks a flag its finding needs
 LACKS_FLAG = "this CPU lacks"
 
@@ -83,8 +85,7 @@ def test_the_llamacpp_finding_still_shows(folder: Path, tmp_path: Path) -> None:
 def test_a_vllm_script_exits_zero_on_an_engine_without_the_bug(folder: Path, tmp_path: Path) -> None:
     """The stand-in (``stand_in/vllm``) serves both settings alike; the script runs without kvmatrix on its path."""
     script = rendered(folder, tmp_path)
-    path = f"{STAND_IN}:{sysconfig.get_paths()['purelib']}"
-    done = subprocess.run([sys.executable, "-S", str(script)], cwd=tmp_path, env={"PYTHONPATH": path},
+    done = subprocess.run([sys.executable, "-S", str(script)], cwd=tmp_path, env={"PYTHONPATH": STAND_IN_PATH},
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     skip_where_it_cannot_show(done)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -103,9 +104,8 @@ def test_a_vllm_script_whose_engine_hangs_cannot_judge_and_prints_where_each_eng
     # long enough for an engine process to start (its torch import alone takes seconds on a loaded 2-core host, and
     # a SIGUSR1 before it registers its stack dump ends it without one), short beside the 300 s a real engine gets
     script.write_text(script.read_text().replace(deadline, "\nANSWER_S = 30\n"))
-    path = f"{STAND_IN}:{sysconfig.get_paths()['purelib']}"
     done = run_group([sys.executable, "-S", str(script)], TIMEOUT_S, cwd=tmp_path,
-                     env={"PYTHONPATH": path, "STAND_IN_HANGS": "1"})
+                     env={"PYTHONPATH": STAND_IN_PATH, "STAND_IN_HANGS": "1"})
     assert done.returncode == CANNOT_JUDGE, done.stdout + done.stderr
     assert CANNOT_JUDGE_LINE in done.stderr and "raised NoAnswer: toggled.prefill gave no answer in 30 s" in done.stderr
     for side in ("prefill", "decode"):
@@ -126,9 +126,8 @@ def test_a_vllm_script_whose_engines_die_of_a_signal_names_it_and_cannot_judge(t
     folder = next(folder for folder in VLLM_FINDINGS if "decode" not in json.loads(
         (folder / "finding.json").read_text())["script"]["failing"])
     script = rendered(folder, tmp_path)
-    path = f"{STAND_IN}:{sysconfig.get_paths()['purelib']}"
     done = run_group([sys.executable, "-S", str(script)], TIMEOUT_S, cwd=tmp_path,
-                     env={"PYTHONPATH": path, "STAND_IN_DIES": "1"})
+                     env={"PYTHONPATH": STAND_IN_PATH, "STAND_IN_DIES": "1"})
     assert done.returncode == CANNOT_JUDGE, done.stdout + done.stderr
     assert done.stdout.count("raised SIGILL: killed by a signal") == 2, done.stdout
     for label in ("failing", "toggled"):

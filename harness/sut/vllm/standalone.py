@@ -138,7 +138,7 @@ def engine_context():
     return context
 
 
-def engine_process(label: str, arguments: dict, log: str, env: dict, conn) -> None:
+def engine_process(arguments: dict, log: str, env: dict, conn) -> None:
     """One engine: its output and vLLM's logs into ``log``, ``env`` set, one ``vllm.LLM``, then an answer on ``conn``
     per message (a round, ``{"reset": true}`` to empty the device prefix cache, or ``{"layout": true}`` for its KV
     layout, ``kv_layout``) until the script closes its end."""
@@ -183,7 +183,7 @@ class Engine:
     def __init__(self, label: str, arguments: dict, directory: Path, env: dict, context) -> None:
         self.label, self.log = label, directory / f"{label}.log"
         self.conn, theirs = context.Pipe()
-        self.proc = context.Process(target=engine_process, args=(label, arguments, str(self.log), env, theirs),
+        self.proc = context.Process(target=engine_process, args=(arguments, str(self.log), env, theirs),
                                     name=label)
         self.proc.start()
         theirs.close()
